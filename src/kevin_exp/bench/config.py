@@ -1,0 +1,104 @@
+"""Plain dataclasses configuring the evaluator (Hydra-free; the runner builds them from its config)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CheckRules:
+    """Kevin's hack defences (paper App. F and section 6.2), each switchable for ablations.
+
+    Static rules run on the candidate's Python AST and on its C++/CUDA sources; the runtime rules
+    run inside the worker while ``ModelNew.forward`` executes.
+    """
+
+    # no torch.nn modules / torch.nn.functional (except Parameter, Module, containers, init)
+    no_torch_nn: bool = True
+    # no torch compute ops in Python (allow-list of allocation / view / shape helpers)
+    no_torch_compute: bool = True
+    # no try/except (fallback-to-PyTorch hack)
+    no_try_except: bool = True
+    # no `pass` (inherit-the-reference-and-pass hack)
+    no_pass: bool = True
+    # ModelNew may not subclass the reference Model
+    no_reference_subclass: bool = True
+    # a real kernel must be present (cuda: a launched __global__; cpu: a bound C++ function)
+    require_kernel: bool = True
+    # no ATen/torch compute calls and no vendor libraries (cuBLAS, cuDNN, ...) in C++/CUDA sources
+    no_native_library_compute: bool = True
+    # no threads, processes or streams created from Python
+    no_concurrency: bool = True
+    # no reassignment of timing / synchronisation functions
+    no_timing_patch: bool = True
+    # only an allow-list of modules may be imported (torch, math, ...): blocks os/sys/ctypes tampering
+    restrict_imports: bool = True
+    # runtime: torch compute ops raise while ModelNew.forward runs (catches `x @ w`, tensor methods)
+    runtime_block_torch_ops: bool = True
+    # runtime: the extension built by the candidate must actually be called by forward (decoy kernels)
+    runtime_require_kernel_call: bool = True
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+def _default_tolerances() -> dict[str, Tolerance]:
+    # Kevin-era KernelBench used atol = rtol = 1e-2 for fp32 (kevin-recipe.md 2.3).
+    return {
+        "float32": Tolerance(1e-2, 1e-2),
+        "float64": Tolerance(1e-5, 1e-5),
+        "float16": Tolerance(2e-2, 2e-2),
+        "bfloat16": Tolerance(5e-2, 5e-2),
+    }
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    backend: str = "cpu"  # "cpu" | "cuda"
+    correctness_trials: int = 5
+    warmup_trials: int = 5
+    timed_trials: int = 100
+    seed: int = 42
+    tolerances: dict[str, Tolerance] = field(default_factory=_default_tolerances)
+    excessive_speedup: float = 10.0
+    # distinct input sets cycled through the timed trials (in place, same pointers) to expose caching
+    timing_input_sets: int = 2
+    # timed outputs checked against the reference every this many trials (0: never)
+    timing_check_every: int = 10
+    compile_timeout_s: float = 300.0
+    run_timeout_s: float = 120.0
+    # per-worker resident memory limit (cpu backend also gets an address-space limit)
+    memory_limit_gb: float = 16.0
+    max_output_bytes: int = 1 << 20
+    feedback_chars: int = 2000
+    max_source_bytes: int = 512 * 1024
+    compile_workers: int = 0  # 0: from cores and memory
+    run_slots: int = 0  # 0: one per visible GPU (cuda) / 1 (cpu)
+    cache_dir: Path | None = None  # None: $KEVIN_EXP_CACHE or ~/.cache/kevin_exp
+    build_mode: str = "fast"  # "fast" (precompiled headers, lean includes) | "torch" (torch's load_inline)
+    sandbox: str = "auto"  # "auto" | "namespace" | "process"
+    rules: CheckRules = field(default_factory=CheckRules)
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("cpu", "cuda"):
+            raise ValueError(f"backend={self.backend!r}: expected 'cpu' or 'cuda'")
+        if self.build_mode not in ("fast", "torch"):
+            raise ValueError(f"build_mode={self.build_mode!r}: expected 'fast' or 'torch'")
+        if self.sandbox not in ("auto", "namespace", "process"):
+            raise ValueError(f"sandbox={self.sandbox!r}: expected 'auto', 'namespace' or 'process'")
+        if self.correctness_trials < 1 or self.timed_trials < 1:
+            raise ValueError("correctness_trials and timed_trials must be >= 1")
+
+    def tolerance_for(self, dtype_name: str) -> Tolerance:
+        return self.tolerances.get(dtype_name, self.tolerances["float32"])
+
+    def resolved_cache_dir(self) -> Path:
+        import os
+
+        if self.cache_dir is not None:
+            return Path(self.cache_dir)
+        env = os.environ.get("KEVIN_EXP_CACHE")
+        return Path(env) if env else Path.home() / ".cache" / "kevin_exp"
