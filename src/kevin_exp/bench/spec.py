@@ -68,20 +68,25 @@ LOAD_INLINE_PARAMS = (
     "name",
     "cpp_sources",
     "cuda_sources",
+    "sycl_sources",
     "functions",
     "extra_cflags",
     "extra_cuda_cflags",
+    "extra_sycl_cflags",
     "extra_ldflags",
     "extra_include_paths",
     "build_directory",
     "verbose",
     "with_cuda",
+    "with_sycl",
     "is_python_module",
     "with_pytorch_error_handling",
     "keep_intermediates",
     "use_pch",
+    "no_implicit_headers",
 )
-"""Positional order of ``load_inline``'s parameters (torch 2.4 - 2.13)."""
+"""Positional order of ``load_inline``'s parameters in the torch this project pins (2.13); the worker
+binds a candidate's call against the installed torch's real signature instead."""
 
 
 @dataclass

@@ -1,0 +1,5 @@
+import sys
+
+from kevin_exp.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,328 @@
+"""Sandboxed worker processes: namespaces, an unprivileged uid, resource limits, a wall clock and a
+memory watchdog. Nothing a candidate does inside can take the caller down.
+
+Isolation levels (``BenchConfig.sandbox``):
+- ``namespace`` (Linux, root): ``unshare`` gives the worker its own PID, mount and network namespaces;
+  a private tmpfs is mounted on /tmp and /dev/shm; the worker then drops to a per-slot uid
+  (61000 + slot) that owns nothing outside its own directory, so RLIMIT_NPROC stops fork bombs and
+  the file system outside is read-only to it. Killing the namespace's first process kills every
+  process the candidate started.
+- ``process`` (anywhere else): a new session with resource limits (address space on the cpu backend,
+  file size, no core dumps, process count for non-root users); the whole process group is killed.
+``auto`` picks ``namespace`` when a probe shows it works, else ``process``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SANDBOX_UID_BASE = 61000
+_probe_cache: dict[tuple[str, int], "SandboxPolicy"] = {}
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    mode: str  # "namespace" | "process"
+    drop_uid: bool
+    note: str = ""
+
+    def describe(self) -> str:
+        if self.mode == "namespace":
+            who = "per-slot unprivileged uid" if self.drop_uid else "root (interpreter not readable by an unprivileged uid)"
+            return f"namespace(pid,mount,net; private /tmp; {who})"
+        return "process(new session, rlimits)"
+
+
+def _python_env() -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("PYTHONSTARTUP", None)
+    return env
+
+
+def _namespace_cmd() -> list[str]:
+    return ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--net", "--"]
+
+
+def probe_policy(requested: str = "auto", slot_uid: int = SANDBOX_UID_BASE) -> SandboxPolicy:
+    """Find the strongest isolation this machine allows (cached per process)."""
+    key = (requested, slot_uid)
+    if key in _probe_cache:
+        return _probe_cache[key]
+    policy = SandboxPolicy("process", False, "namespaces not requested")
+    if requested in ("auto", "namespace") and sys.platform.startswith("linux") and os.geteuid() == 0:
+        if _probe_worker(private_tmp=True, uid=slot_uid):
+            policy = SandboxPolicy("namespace", True)
+        elif _probe_worker(private_tmp=True, uid=None):
+            policy = SandboxPolicy("namespace", False, "an unprivileged uid cannot run the Python environment")
+        else:
+            policy = SandboxPolicy("process", False, "unshare or mount refused")
+    elif requested in ("auto", "namespace"):
+        policy = SandboxPolicy("process", False, "namespaces need Linux and root")
+    if requested == "namespace" and policy.mode != "namespace":
+        raise RuntimeError(f"sandbox=namespace is not available here ({policy.note}); use sandbox=auto or process")
+    _probe_cache[key] = policy
+    return policy
+
+
+def _probe_worker(private_tmp: bool, uid: int | None) -> bool:
+    read_fd, write_fd = os.pipe()
+    cmd = _namespace_cmd() + [sys.executable, "-m", "kevin_exp.bench.worker", "--probe", "--backend", "cpu",
+                              "--result-fd", str(write_fd), "--workdir", "/tmp/probe"]
+    if private_tmp:
+        cmd.append("--private-tmp")
+    if uid is not None:
+        cmd += ["--uid", str(uid)]
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                pass_fds=(write_fd,), env=_python_env(), start_new_session=True)
+    except OSError:
+        os.close(read_fd)
+        os.close(write_fd)
+        return False
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        out = pipe.read()
+    try:
+        rc = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return False
+    return rc == 0 and b'"probe": "ok"' in out
+
+
+@dataclass
+class WorkerOutcome:
+    result: dict[str, Any] | None
+    returncode: int | None
+    timed_out: bool
+    memory_exceeded: bool
+    output_tail: str
+    output_bytes: int
+    seconds: float
+
+    def signal_name(self) -> str | None:
+        rc = self.returncode
+        if rc is None:
+            return None
+        # unshare reports a killed child as 128 + signal
+        sig = -rc if rc < 0 else (rc - 128 if rc > 128 else 0)
+        if sig <= 0:
+            return None
+        try:
+            return signal.Signals(sig).name
+        except ValueError:
+            return f"signal {sig}"
+
+
+class _BoundedReader(threading.Thread):
+    """Drains a pipe, keeping the last ``keep`` bytes; 100 MB of output costs nothing but reading."""
+
+    def __init__(self, stream: Any, keep: int) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.keep = stream, keep
+        self.tail = bytearray()
+        self.total = 0
+
+    def run(self) -> None:
+        while True:
+            chunk = self.stream.read1(1 << 16) if hasattr(self.stream, "read1") else self.stream.read(1 << 16)
+            if not chunk:
+                return
+            self.total += len(chunk)
+            self.tail += chunk
+            if len(self.tail) > 2 * self.keep:
+                del self.tail[: len(self.tail) - self.keep]
+
+
+def _session_rss_bytes(sid: int) -> int:
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[3]) != sid:  # field 6 (session) counted after the ")" that ends comm
+                continue
+            total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+class WorkerProcess:
+    """One warm worker process waiting for its single job."""
+
+    def __init__(
+        self,
+        policy: SandboxPolicy,
+        backend: str,
+        slot: int,
+        root_dir: Path,
+        cuda_device: str | None = None,
+        cache_dir: Path | None = None,
+        memory_limit_gb: float = 8.0,
+        threads: int = 0,
+        max_output_bytes: int = 1 << 20,
+    ) -> None:
+        self.policy, self.backend, self.slot = policy, backend, slot
+        self.memory_limit_bytes = int(memory_limit_gb * (1 << 30))
+        self.max_output_bytes = max_output_bytes
+        self.workdir = root_dir / f"slot{slot}-{uuid.uuid4().hex[:12]}"
+        env = _python_env()
+        if cuda_device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = cuda_device
+        env["PYTHONUNBUFFERED"] = "1"
+        read_fd, write_fd = os.pipe()
+        args = [sys.executable, "-m", "kevin_exp.bench.worker", "--result-fd", str(write_fd), "--backend", backend, "--workdir"]
+        if policy.mode == "namespace":
+            # private tmpfs covers /tmp, so the work dir lives inside it
+            args += [f"/tmp/work-{slot}", "--private-tmp"]
+            if cache_dir is not None:
+                args += ["--cache-dir", str(cache_dir)]
+            if policy.drop_uid:
+                args += ["--uid", str(SANDBOX_UID_BASE + slot), "--nproc", "512"]
+            cmd = _namespace_cmd() + args
+        else:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            args += [str(self.workdir)]
+            if os.geteuid() != 0:
+                args += ["--nproc", str(_user_tasks() + 512)]
+            cmd = args
+        if backend == "cpu":
+            # CUDA reserves huge virtual ranges, so the address-space limit only applies on cpu.
+            cmd += ["--address-space-gb", str(memory_limit_gb)]
+        if threads:
+            cmd += ["--threads", str(threads)]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,),
+            env=env,
+            start_new_session=True,
+        )
+        os.close(write_fd)
+        self._result_pipe = os.fdopen(read_fd, "rb")
+        self._output = _BoundedReader(self.proc.stdout, max_output_bytes)
+        self._output.start()
+        self._result_bytes = bytearray()
+        self._result_reader = threading.Thread(target=self._read_result, daemon=True)
+        self._result_reader.start()
+        self.started_at = time.monotonic()
+
+    def _read_result(self) -> None:
+        while True:
+            chunk = self._result_pipe.read(1 << 16)
+            if not chunk:
+                return
+            if len(self._result_bytes) < 64 << 20:
+                self._result_bytes += chunk
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, job: dict[str, Any], timeout_s: float) -> WorkerOutcome:
+        t0 = time.monotonic()
+        timed_out = memory_exceeded = False
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(job).encode())
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass  # the worker died while waiting; its exit status says how
+        deadline = t0 + timeout_s
+        while True:
+            try:
+                self.proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            if _session_rss_bytes(self.proc.pid) > self.memory_limit_bytes:
+                memory_exceeded = True
+                break
+        if timed_out or memory_exceeded:
+            self.kill()
+        self._result_reader.join(timeout=5)
+        self._output.join(timeout=5)
+        result = None
+        if self._result_bytes:
+            try:
+                result = json.loads(self._result_bytes.decode("utf-8", "replace"))
+            except json.JSONDecodeError:
+                result = None
+        tail = bytes(self._output.tail[-self.max_output_bytes :]).decode("utf-8", "replace")
+        self._cleanup()
+        return WorkerOutcome(
+            result=result,
+            returncode=self.proc.returncode,
+            timed_out=timed_out,
+            memory_exceeded=memory_exceeded,
+            output_tail=tail,
+            output_bytes=self._output.total,
+            seconds=time.monotonic() - t0,
+        )
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.policy.mode == "namespace" and self.policy.drop_uid:
+            _kill_uid(SANDBOX_UID_BASE + self.slot)
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        import shutil
+
+        if self.policy.mode != "namespace":
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def close(self) -> None:
+        if self.alive():
+            self.kill()
+        else:
+            self._cleanup()
+
+
+def _user_tasks() -> int:
+    uid = os.getuid()
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry.name}/task"))
+            except OSError:
+                continue
+    return count
+
+
+def _kill_uid(uid: int) -> None:
+    """Leftovers of a sandbox uid (processes that escaped the session) are killed too."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                continue

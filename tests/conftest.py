@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU visible on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def build_cache() -> Path:
+    """One compile cache for the whole test session (KEVIN_EXP_CACHE keeps it across sessions)."""
+    env = os.environ.get("KEVIN_EXP_CACHE")
+    if env:
+        path = Path(env)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    path = Path(tempfile.mkdtemp(prefix="kevin_exp_test_cache_"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def fixture_text(*parts: str) -> str:
+    return FIXTURES.joinpath(*parts).read_text()

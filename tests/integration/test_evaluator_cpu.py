@@ -1,0 +1,127 @@
+"""The evaluator end to end on the cpu backend: real compiles, real sandboxed workers."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kevin_exp.bench import BenchConfig, CheckRules, Status
+from kevin_exp.bench.evaluator import EvalItem, Evaluator
+from tests.conftest import fixture_text
+
+RELU = fixture_text("problem_relu.py")
+
+
+def cand(name: str) -> str:
+    return fixture_text("cpu", f"{name}.py")
+
+
+def item(name: str, reference: str = RELU) -> EvalItem:
+    return EvalItem(name, reference, cand(name))
+
+
+@pytest.fixture(scope="module")
+def evaluator(build_cache):
+    config = BenchConfig(backend="cpu", timed_trials=30, warmup_trials=2, run_timeout_s=90, cache_dir=build_cache)
+    with Evaluator(config) as ev:
+        yield ev
+
+
+def test_correct_kernel_is_ok_with_speedup(evaluator):
+    [v] = evaluator.evaluate([item("ok")])
+    assert v.status is Status.OK, v.reason
+    assert v.correct and v.speedup is not None and v.speedup > 0
+    assert v.runtime_ms > 0 and v.ref_runtime_ms > 0
+    assert v.runtime_stats.trials == 30 and v.ref_runtime_stats.trials == 30
+    assert v.correctness_trials == 5 and v.atol == pytest.approx(1e-2)
+    assert v.device.startswith("cpu") and v.backend == "cpu"
+
+
+def test_parameters_initialised_like_the_reference(evaluator):
+    [v] = evaluator.evaluate([EvalItem("linear", fixture_text("problem_linear.py"), cand("linear_ok"))])
+    assert v.status is Status.OK, v.reason
+
+
+@pytest.mark.parametrize(
+    "name, status, words",
+    [
+        ("wrong", Status.INCORRECT, "mismatch"),
+        ("unwritten_output", Status.INCORRECT, ""),
+        ("mutate_inputs", Status.INCORRECT, "modified its input"),
+        ("cache_by_pointer", Status.INCORRECT, ""),
+    ],
+)
+def test_wrong_or_cheating_outputs_are_incorrect(evaluator, name, status, words):
+    [v] = evaluator.evaluate([item(name)])
+    assert v.status is status, v.reason
+    assert words in v.reason
+    assert not v.correct and v.speedup is None
+
+
+def test_static_rule_hits_are_forbidden_with_rule_name(evaluator):
+    [v] = evaluator.evaluate([item("python_tensor_method")])
+    assert v.status is Status.FORBIDDEN and v.rule == "torch_compute"
+    [v] = evaluator.evaluate([item("aten_compute")])
+    assert v.status is Status.FORBIDDEN and v.rule == "native_library_compute"
+
+
+def test_runtime_block_catches_what_static_rules_let_through(build_cache):
+    rules = CheckRules(no_torch_compute=False, no_native_library_compute=False)
+    config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, cache_dir=build_cache, rules=rules)
+    with Evaluator(config) as ev:
+        tensor_method, native = ev.evaluate([item("python_tensor_method"), item("aten_compute")])
+    assert tensor_method.status is Status.FORBIDDEN and tensor_method.rule == "runtime_torch_op", tensor_method.reason
+    assert native.status is Status.FORBIDDEN and native.rule == "runtime_torch_op", native.reason
+
+
+def test_crashes_become_verdicts_and_the_batch_goes_on(evaluator):
+    verdicts = evaluator.evaluate([item("segfault"), item("ok"), item("exit"), item("huge_alloc"), item("ok")])
+    segv, ok1, exited, huge, ok2 = verdicts
+    assert segv.status is Status.CRASHED and "SIGSEGV" in segv.reason
+    assert exited.status is Status.CRASHED and "code 7" in exited.reason
+    assert huge.status in (Status.CRASHED, Status.RUNTIME_ERROR), huge.reason
+    assert ok1.status is Status.OK and ok2.status is Status.OK
+
+
+def test_hang_times_out_and_fork_bomb_is_contained(build_cache):
+    rules = CheckRules(no_concurrency=False)
+    config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, run_timeout_s=20, cache_dir=build_cache, rules=rules)
+    with Evaluator(config) as ev:
+        hang, bomb, ok = ev.evaluate([item("hang"), item("fork_bomb"), item("ok")])
+    assert hang.status is Status.TIMEOUT
+    assert bomb.status in (Status.TIMEOUT, Status.CRASHED, Status.RUNTIME_ERROR)
+    assert ok.status is Status.OK, ok.reason
+
+
+def test_flooding_output_is_drained_not_fatal(evaluator):
+    [v] = evaluator.evaluate([item("flood_output")])
+    assert v.status is Status.OK, v.reason
+
+
+def test_second_evaluation_hits_the_compile_cache(evaluator):
+    first, second = evaluator.evaluate([item("ok")]), evaluator.evaluate([item("ok")])
+    assert second[0].cache_hit
+    assert second[0].compile_s == 0.0
+
+
+def test_compile_error_has_trimmed_compiler_message(evaluator):
+    broken = cand("ok").replace("return out;", "return out")
+    [v] = evaluator.evaluate([EvalItem("broken", RELU, broken)])
+    assert v.status is Status.COMPILE_ERROR
+    assert "error" in v.feedback and len(v.feedback) <= evaluator.config.feedback_chars
+
+
+def test_format_errors(evaluator):
+    no_model = cand("ok").replace("class ModelNew", "class Other")
+    syntax = "def broken(:\n"
+    a, b = evaluator.evaluate([EvalItem("a", RELU, no_model), EvalItem("b", RELU, syntax)])
+    assert a.status in (Status.FORMAT_ERROR, Status.FORBIDDEN)
+    assert b.status is Status.FORMAT_ERROR and "parse" in b.reason
+
+
+def test_verdict_round_trips_through_json(evaluator):
+    from kevin_exp.bench.verdict import Verdict
+
+    [v] = evaluator.evaluate([item("ok")])
+    assert Verdict.from_json(v.to_json()) == v
+    assert dataclasses.asdict(v)["status"] is Status.OK
