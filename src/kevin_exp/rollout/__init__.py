@@ -1,0 +1,1 @@
+"""Prompts, response parsing and the multi-turn refinement loop."""
