@@ -1,0 +1,43 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """
+    Simple model that performs a matrix multiplication (Linear without bias), adds a bias term,
+    and applies ReLU.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias_shape: tuple):
+        super(Model, self).__init__()
+        self.gemm = nn.Linear(in_features, out_features, bias=False)
+        self.bias = nn.Parameter(torch.randn(bias_shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """
+        Args:
+            x (torch.Tensor): Input tensor with shape (batch_size, in_features).
+
+        Returns:
+            torch.Tensor: Output tensor with shape (batch_size, out_features).
+        """
+        x = self.gemm(x)
+        x = x + self.bias
+        x = torch.relu(x)
+        return x
+
+
+batch_size = 1024
+in_features = 4096
+out_features = 4096
+
+# Sizes for the cpu backend (the module-level constants above are the cuda sizes).
+BACKEND_SIZES = {"cpu": {"batch_size": 128, "in_features": 512, "out_features": 512}}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features, (out_features,)]
