@@ -7,6 +7,8 @@ out=${OUT:-gpu-logs}; mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # DeepSpeed's op builder cannot parse "9.0a"; the evaluator's builder takes the arch from the device anyway.
 export TORCH_CUDA_ARCH_LIST=9.0
+# The image's default CXX is a wrapper whose extensions crash when C++ code throws.
+export CXX=/usr/bin/g++ CC=/usr/bin/gcc
 export KEVIN_EXP_CACHE=${KEVIN_EXP_CACHE:-/tmp/kx-cache}
 py=${PYTHON:-python3}
 { nvidia-smi -L; $py -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; nproc; } 2>&1 | tee "$out/machine.txt"

@@ -71,7 +71,7 @@ class BenchConfig:
     compile_timeout_s: float = 300.0
     run_timeout_s: float = 120.0
     # per-worker resident memory limit (cpu backend also gets an address-space limit)
-    memory_limit_gb: float = 16.0
+    memory_limit_gb: float = 8.0
     max_output_bytes: int = 1 << 20
     feedback_chars: int = 2000
     max_source_bytes: int = 512 * 1024

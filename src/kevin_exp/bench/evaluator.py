@@ -11,12 +11,14 @@ always returns exactly one verdict per item, in order.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import queue
 import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -144,7 +146,12 @@ class Evaluator:
         key = self.builder.cache_key(spec)
         with self._builds_lock:
             fut = self._builds.get(key)
-            if fut is None or (fut.done() and fut.exception() is not None):
+            if fut is not None and fut.done() and isinstance(fut.result(), BuildResult):
+                # built by an earlier batch: this one is a cache hit
+                hit: Future = Future()
+                hit.set_result(dataclasses.replace(fut.result(), cached=True, seconds=0.0))
+                return hit
+            if fut is None:
                 fut = self._compile_pool.submit(self._build_one, spec)
                 self._builds[key] = fut
             return fut
@@ -193,11 +200,21 @@ class Evaluator:
                     feedback=trim_compiler_log(log, self.config.feedback_chars),
                 )
             pending.builds[spec.content_digest()] = outcome
+            if self.policy.drop_uid:
+                _make_world_readable(self.cache_dir, outcome.so_path)
             pending.compile_s += 0.0 if outcome.cached else outcome.seconds
         return None
 
     def build_now(self, pending: _Pending, spec: ExtensionSpec) -> Verdict | None:
         """A spec only known at run time (built dynamically by the candidate): build, then rerun."""
+        from kevin_exp.bench.static_checks import check_native
+
+        if len(json.dumps(asdict(spec))) > self.config.max_source_bytes:
+            return self._verdict(pending.item, Status.FORMAT_ERROR, f"extension sources exceed {self.config.max_source_bytes} bytes")
+        violations = check_native(spec, self.config.backend, self.config.rules)
+        if violations:
+            v = violations[0]
+            return self._verdict(pending.item, Status.FORBIDDEN, v.message, rule=v.rule)
         pending.specs.append(spec)
         fut = self._build_future(spec)
         fut.result()
@@ -346,6 +363,22 @@ class _RunSlot:
         if self._standby is not None:
             self._standby.close()
             self._standby = None
+
+
+def _make_world_readable(root: Path, so_path: Path) -> None:
+    """The sandbox uid reads built modules through the read-only cache mount."""
+    import stat
+
+    path = Path(so_path)
+    targets = [path] + [p for p in path.parents if p == root or root in p.parents]
+    for p in targets:
+        try:
+            mode = os.stat(p).st_mode
+            extra = stat.S_IROTH | (stat.S_IXOTH if p.is_dir() else 0)
+            if mode & extra != extra:
+                os.chmod(p, mode | extra)
+        except OSError:
+            pass
 
 
 def _defines_model_new(source: str) -> bool:

@@ -107,7 +107,7 @@ TIMING_FUNCTIONS: tuple[str, ...] = (
     "torch.cuda.synchronize", "torch.cuda.Event", "torch.cuda.Event.record", "torch.cuda.Event.elapsed_time",
     "torch.cuda.Event.synchronize", "torch.cuda.Event.query", "torch.cuda.Event.wait", "torch.cuda.current_stream",
     "torch.cuda.default_stream", "torch.cuda.Stream", "torch.cuda.Stream.synchronize", "torch.cuda.set_stream",
-    "torch.allclose", "torch.isclose", "torch.equal", "torch.isfinite", "torch.full", "torch.manual_seed",
+    "torch.allclose", "torch.isclose", "torch.equal", "torch.isfinite", "torch.full",
     "torch.Tensor", "torch.Tensor.__eq__", "torch.Tensor.__ne__", "torch.Tensor.__gt__", "torch.Tensor.__sub__",
     "torch.Tensor.__bool__", "torch.Tensor.__float__", "torch.Tensor.__int__", "torch.Tensor.double",
     "torch.Tensor.abs", "torch.Tensor.max", "torch.Tensor.sum", "torch.Tensor.all", "torch.Tensor.numel",

@@ -73,12 +73,18 @@ def _prepare_sandbox(args: argparse.Namespace) -> None:
     interpreter visible, then drop to the slot's uid."""
     if args.private_tmp:
         cache = Path(args.cache_dir) if args.cache_dir else None
+        # Hold the cache open first: it may itself live under /tmp, which the private tmpfs covers.
+        cache_fd = os.open(cache, os.O_RDONLY | os.O_DIRECTORY) if cache is not None and cache.is_dir() else None
         for target, size in (("/tmp", "2g"), ("/dev/shm", "1g")):
             if os.path.isdir(target):
                 _mount("-t", "tmpfs", "-o", f"size={size},mode=1777", "tmpfs", target)
-        if cache is not None and cache.is_dir():
+        if cache_fd is not None:
+            os.set_inheritable(cache_fd, True)
             Path(SANDBOX_CACHE).mkdir(parents=True)
-            _mount("--bind", str(cache), SANDBOX_CACHE)
+            rc = os.spawnvp(os.P_WAIT, "mount", ["mount", "--bind", f"/proc/self/fd/{cache_fd}", SANDBOX_CACHE])
+            if rc != 0:
+                raise SystemExit("sandbox: binding the build cache failed")
+            os.close(cache_fd)
             _mount("-o", "remount,bind,ro", SANDBOX_CACHE)
         if args.uid is not None:
             needed = {Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parents[2]}
