@@ -14,4 +14,4 @@ py=${PYTHON:-python3}
 { nvidia-smi -L; $py -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; nproc; } 2>&1 | tee "$out/machine.txt"
 $py -m pytest -q -m gpu tests/gpu "$@" 2>&1 | tee "$out/gpu-tests.txt"
 $py benchmarks/compile_speed.py --backend cuda --n 4 2>&1 | tee "$out/compile-speed.txt"
-$py benchmarks/eval_throughput.py --backend cuda --n 48 --torch-n 16 2>&1 | tee "$out/throughput.txt"
+$py benchmarks/eval_throughput.py --backend cuda --n 32 --torch-n 8 2>&1 | tee "$out/throughput.txt"
