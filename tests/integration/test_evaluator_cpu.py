@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
@@ -80,7 +81,8 @@ def test_crashes_become_verdicts_and_the_batch_goes_on(evaluator):
     assert segv.status is Status.CRASHED and "SIGSEGV" in segv.reason
     assert exited.status is Status.CRASHED and "code 7" in exited.reason
     assert huge.status in (Status.CRASHED, Status.RUNTIME_ERROR), huge.reason
-    assert ok1.status is Status.OK and ok2.status is Status.OK
+    assert ok1.status is Status.OK, ok1.reason + ok1.feedback
+    assert ok2.status is Status.OK, ok2.reason + ok2.feedback
 
 
 def test_hang_times_out_and_fork_bomb_is_contained(build_cache):
@@ -125,3 +127,19 @@ def test_verdict_round_trips_through_json(evaluator):
     [v] = evaluator.evaluate([item("ok")])
     assert Verdict.from_json(v.to_json()) == v
     assert dataclasses.asdict(v)["status"] is Status.OK
+
+
+def test_closing_one_evaluator_leaves_another_evaluators_workers_alone(evaluator, build_cache):
+    """Workers of different evaluators never share a sandbox uid, so one's clean-up cannot kill the other's."""
+    [v] = evaluator.evaluate([item("ok")])
+    assert v.status is Status.OK, v.reason
+    standby = evaluator._slots[0]._standby
+    assert standby is not None and standby.alive()
+    config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, cache_dir=build_cache)
+    with Evaluator(config) as other:
+        [w] = other.evaluate([item("segfault")])
+        assert w.status is Status.CRASHED
+    time.sleep(0.5)
+    assert standby.alive(), "closing another evaluator killed this one's warm worker"
+    [v] = evaluator.evaluate([item("ok")])
+    assert v.status is Status.OK, v.reason

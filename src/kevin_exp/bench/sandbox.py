@@ -3,16 +3,18 @@ memory watchdog. Nothing a candidate does inside can take the caller down.
 
 Isolation levels (``BenchConfig.sandbox``):
 - ``namespace`` (Linux, root): ``unshare`` gives the worker its own PID, mount and network namespaces;
-  a private tmpfs is mounted on /tmp and /dev/shm; the worker then drops to a per-slot uid
-  (61000 + slot) that owns nothing outside its own directory, so RLIMIT_NPROC stops fork bombs and
-  the file system outside is read-only to it. Killing the namespace's first process kills every
-  process the candidate started.
+  a private tmpfs is mounted on /tmp and /dev/shm; the worker then drops to an unprivileged uid
+  leased for its lifetime (no two live workers on the machine share one, across evaluators and
+  processes) that owns nothing outside its own directory, so RLIMIT_NPROC stops fork bombs and the
+  file system outside is read-only to it. Killing the namespace's first process, then everything
+  left under the uid, kills every process the candidate started.
 - ``process`` (anywhere else): a new session with resource limits (address space on the cpu backend,
   file size, no core dumps, process count for non-root users); the whole process group is killed.
 ``auto`` picks ``namespace`` when a probe shows it works, else ``process``.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -26,7 +28,39 @@ from pathlib import Path
 from typing import Any
 
 SANDBOX_UID_BASE = 61000
-_probe_cache: dict[tuple[str, int], "SandboxPolicy"] = {}
+SANDBOX_UID_POOL = 4096
+UID_LOCK_DIR = Path("/run/kevin_exp-uids") if Path("/run").is_dir() else Path("/tmp/kevin_exp-uids")
+_probe_cache: dict[str, "SandboxPolicy"] = {}
+
+
+class UidLease:
+    """An exclusive claim on one sandbox uid, held through an flock for as long as a worker lives.
+
+    A uid is shared state: killing "everything under uid N" after a worker ends must never hit another
+    live worker (a warm standby, another evaluator in the same or another process).
+    """
+
+    def __init__(self) -> None:
+        UID_LOCK_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        start = (os.getpid() * 7919 + time.monotonic_ns()) % SANDBOX_UID_POOL
+        for i in range(SANDBOX_UID_POOL):
+            uid = SANDBOX_UID_BASE + (start + i) % SANDBOX_UID_POOL
+            fd = os.open(UID_LOCK_DIR / f"{uid}.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            _kill_uid(uid)  # whatever a crashed earlier owner left behind
+            return
+        raise RuntimeError(f"all {SANDBOX_UID_POOL} sandbox uids from {SANDBOX_UID_BASE} are in use")
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            _kill_uid(self.uid)
+            os.close(self._fd)
+            self._fd = -1
 
 
 @dataclass(frozen=True)
@@ -37,7 +71,7 @@ class SandboxPolicy:
 
     def describe(self) -> str:
         if self.mode == "namespace":
-            who = "per-slot unprivileged uid" if self.drop_uid else "root (interpreter not readable by an unprivileged uid)"
+            who = "leased unprivileged uid" if self.drop_uid else "root (interpreter not readable by an unprivileged uid)"
             return f"namespace(pid,mount,net; private /tmp; {who})"
         return "process(new session, rlimits)"
 
@@ -54,14 +88,18 @@ def _namespace_cmd() -> list[str]:
     return ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--net", "--"]
 
 
-def probe_policy(requested: str = "auto", slot_uid: int = SANDBOX_UID_BASE) -> SandboxPolicy:
+def probe_policy(requested: str = "auto") -> SandboxPolicy:
     """Find the strongest isolation this machine allows (cached per process)."""
-    key = (requested, slot_uid)
-    if key in _probe_cache:
-        return _probe_cache[key]
+    if requested in _probe_cache:
+        return _probe_cache[requested]
     policy = SandboxPolicy("process", False, "namespaces not requested")
     if requested in ("auto", "namespace") and sys.platform.startswith("linux") and os.geteuid() == 0:
-        if _probe_worker(private_tmp=True, uid=slot_uid):
+        lease = UidLease()
+        try:
+            uid_works = _probe_worker(private_tmp=True, uid=lease.uid)
+        finally:
+            lease.release()
+        if uid_works:
             policy = SandboxPolicy("namespace", True)
         elif _probe_worker(private_tmp=True, uid=None):
             policy = SandboxPolicy("namespace", False, "an unprivileged uid cannot run the Python environment")
@@ -71,7 +109,7 @@ def probe_policy(requested: str = "auto", slot_uid: int = SANDBOX_UID_BASE) -> S
         policy = SandboxPolicy("process", False, "namespaces need Linux and root")
     if requested == "namespace" and policy.mode != "namespace":
         raise RuntimeError(f"sandbox=namespace is not available here ({policy.note}); use sandbox=auto or process")
-    _probe_cache[key] = policy
+    _probe_cache[requested] = policy
     return policy
 
 
@@ -180,6 +218,7 @@ class WorkerProcess:
         self.memory_limit_bytes = int(memory_limit_gb * (1 << 30))
         self.max_output_bytes = max_output_bytes
         self.workdir = root_dir / f"slot{slot}-{uuid.uuid4().hex[:12]}"
+        self._lease = UidLease() if policy.mode == "namespace" and policy.drop_uid else None
         env = _python_env()
         if cuda_device is not None:
             env["CUDA_VISIBLE_DEVICES"] = cuda_device
@@ -191,8 +230,8 @@ class WorkerProcess:
             args += [f"/tmp/work-{slot}", "--private-tmp"]
             if cache_dir is not None:
                 args += ["--cache-dir", str(cache_dir)]
-            if policy.drop_uid:
-                args += ["--uid", str(SANDBOX_UID_BASE + slot), "--nproc", "512"]
+            if self._lease is not None:
+                args += ["--uid", str(self._lease.uid), "--nproc", "512"]
             cmd = _namespace_cmd() + args
         else:
             self.workdir.mkdir(parents=True, exist_ok=True)
@@ -287,13 +326,13 @@ class WorkerProcess:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        if self.policy.mode == "namespace" and self.policy.drop_uid:
-            _kill_uid(SANDBOX_UID_BASE + self.slot)
         self._cleanup()
 
     def _cleanup(self) -> None:
         import shutil
 
+        if self._lease is not None:
+            self._lease.release()
         if self.policy.mode != "namespace":
             shutil.rmtree(self.workdir, ignore_errors=True)
 
