@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run on a GPU machine (the image already has torch, numpy, ninja, pytest): GPU tests and GPU benchmarks.
-# Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [pytest args...]
+# Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [tests|bench|all] [pytest args...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+stage=${1:-all}; shift || true
 out=${OUT:-gpu-logs}; mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # DeepSpeed's op builder cannot parse "9.0a"; the evaluator's builder takes the arch from the device anyway.
@@ -11,7 +12,12 @@ export TORCH_CUDA_ARCH_LIST=9.0
 export CXX=/usr/bin/g++ CC=/usr/bin/gcc
 export KEVIN_EXP_CACHE=${KEVIN_EXP_CACHE:-/tmp/kx-cache}
 py=${PYTHON:-python3}
-{ nvidia-smi -L; $py -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; nproc; } 2>&1 | tee "$out/machine.txt"
-$py -m pytest -q -m gpu tests/gpu "$@" 2>&1 | tee "$out/gpu-tests.txt"
-$py benchmarks/compile_speed.py --backend cuda --n 4 2>&1 | tee "$out/compile-speed.txt"
-$py benchmarks/eval_throughput.py --backend cuda --n 32 --torch-n 8 2>&1 | tee "$out/throughput.txt"
+{ date -u; nvidia-smi -L; $py -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; nproc; } 2>&1 | tee "$out/machine.txt"
+if [[ $stage == tests || $stage == all ]]; then
+  $py -m kevin_exp.bench --reference tests/fixtures/problem_relu.py --candidate tests/fixtures/cuda/ok.py --backend cuda --json 2>&1 | tee "$out/cli-verdict.json"
+  $py -m pytest -q -rA -m gpu tests "$@" 2>&1 | tee "$out/gpu-tests.txt"
+fi
+if [[ $stage == bench || $stage == all ]]; then
+  $py benchmarks/compile_speed.py --backend cuda --n 3 2>&1 | tee "$out/compile-speed.txt"
+  $py benchmarks/eval_throughput.py --backend cuda --n 32 --torch-n 4 2>&1 | tee "$out/throughput.txt"
+fi

@@ -24,7 +24,7 @@ def evaluator(build_cache):
 
 def test_correct_cuda_kernel_is_ok(evaluator):
     [v] = evaluator.evaluate([item("ok")])
-    assert v.status is Status.OK, v.reason
+    assert v.status is Status.OK, v.feedback
     assert v.speedup > 0.5 and v.runtime_stats.trials == 100
     assert "H100" in v.device or "H200" in v.device or v.device
 
@@ -32,7 +32,7 @@ def test_correct_cuda_kernel_is_ok(evaluator):
 @pytest.mark.parametrize("name", ["wrong", "unwritten_output", "mutate_inputs"])
 def test_wrong_outputs_are_incorrect(evaluator, name):
     [v] = evaluator.evaluate([item(name)])
-    assert v.status is Status.INCORRECT, v.reason
+    assert v.status is Status.INCORRECT, v.feedback
 
 
 def test_side_stream_static_rule(evaluator):
@@ -45,22 +45,22 @@ def test_side_stream_work_is_timed(build_cache):
     config = BenchConfig(backend="cuda", cache_dir=build_cache, rules=CheckRules(no_concurrency=False))
     with Evaluator(config) as ev:
         honest, side = ev.evaluate([item("ok"), item("side_stream")])
-    assert side.status is Status.OK, side.reason
+    assert side.status is Status.OK, side.feedback
     assert not side.excessive_speedup
     assert side.speedup < 2 * honest.speedup
 
 
 def test_illegal_memory_access_then_next_candidate(evaluator):
     bad, good = evaluator.evaluate([item("illegal_memory"), item("ok")])
-    assert bad.status in (Status.RUNTIME_ERROR, Status.CRASHED), bad.reason
-    assert good.status is Status.OK, good.reason
+    assert bad.status in (Status.RUNTIME_ERROR, Status.CRASHED), bad.feedback
+    assert good.status is Status.OK, good.feedback
 
 
 def test_hanging_kernel_times_out(build_cache):
     with Evaluator(BenchConfig(backend="cuda", run_timeout_s=30, cache_dir=build_cache)) as ev:
         hang, good = ev.evaluate([item("hang"), item("ok")])
     assert hang.status is Status.TIMEOUT
-    assert good.status is Status.OK, good.reason
+    assert good.status is Status.OK, good.feedback
 
 
 def test_cache_hit_on_second_evaluation(evaluator):
@@ -75,7 +75,7 @@ def test_builtin_cuda_solutions_are_correct(evaluator):
     problems = load_builtin()
     items = [EvalItem(p.problem_id, p.source, p.solution("cuda")) for p in problems]
     verdicts = evaluator.evaluate(items)
-    failures = {v.problem_id: v.reason for v in verdicts if v.status is not Status.OK}
+    failures = {v.problem_id: v.feedback for v in verdicts if v.status is not Status.OK}
     assert not failures, failures
     slow_refs = {v.problem_id: v.ref_runtime_ms for v in verdicts if v.ref_runtime_ms < 0.1}
     assert not slow_refs, f"reference under 0.1 ms on this GPU: {slow_refs}"

@@ -64,7 +64,7 @@ class Evaluator:
             timeout_s=cfg.compile_timeout_s,
             memory_limit_gb=max(cfg.memory_limit_gb, 8.0),
         )
-        self.policy: SandboxPolicy = probe_policy(cfg.sandbox)
+        self.policy: SandboxPolicy = probe_policy(cfg.sandbox, cfg.backend)
         self._compile_pool = ThreadPoolExecutor(max_workers=_compile_workers(cfg), thread_name_prefix="kx-compile")
         self._builds: dict[str, Future] = {}
         self._builds_lock = threading.Lock()

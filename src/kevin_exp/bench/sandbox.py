@@ -85,23 +85,30 @@ def _python_env() -> dict[str, str]:
 
 
 def _namespace_cmd() -> list[str]:
-    return ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--net", "--"]
+    # A fresh /proc: with the host's, /proc/self names the wrong process in the new PID namespace and
+    # CUDA initialisation fails (error 304); it also hides the host's processes from the candidate.
+    return ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--net", "--"]
 
 
-def probe_policy(requested: str = "auto") -> SandboxPolicy:
-    """Find the strongest isolation this machine allows (cached per process)."""
-    if requested in _probe_cache:
-        return _probe_cache[requested]
+def probe_policy(requested: str = "auto", backend: str = "cpu") -> SandboxPolicy:
+    """Find the strongest isolation this machine allows for ``backend`` (cached per process).
+
+    The probe starts a real worker (on cuda: with CUDA initialised), so a machine whose driver refuses
+    namespaces falls back to a weaker level instead of failing every candidate.
+    """
+    key = f"{requested}/{backend}"
+    if key in _probe_cache:
+        return _probe_cache[key]
     policy = SandboxPolicy("process", False, "namespaces not requested")
     if requested in ("auto", "namespace") and sys.platform.startswith("linux") and os.geteuid() == 0:
         lease = UidLease()
         try:
-            uid_works = _probe_worker(private_tmp=True, uid=lease.uid)
+            uid_works = _probe_worker(backend, private_tmp=True, uid=lease.uid)
         finally:
             lease.release()
         if uid_works:
             policy = SandboxPolicy("namespace", True)
-        elif _probe_worker(private_tmp=True, uid=None):
+        elif _probe_worker(backend, private_tmp=True, uid=None):
             policy = SandboxPolicy("namespace", False, "an unprivileged uid cannot run the Python environment")
         else:
             policy = SandboxPolicy("process", False, "unshare or mount refused")
@@ -109,13 +116,13 @@ def probe_policy(requested: str = "auto") -> SandboxPolicy:
         policy = SandboxPolicy("process", False, "namespaces need Linux and root")
     if requested == "namespace" and policy.mode != "namespace":
         raise RuntimeError(f"sandbox=namespace is not available here ({policy.note}); use sandbox=auto or process")
-    _probe_cache[requested] = policy
+    _probe_cache[key] = policy
     return policy
 
 
-def _probe_worker(private_tmp: bool, uid: int | None) -> bool:
+def _probe_worker(backend: str, private_tmp: bool, uid: int | None) -> bool:
     read_fd, write_fd = os.pipe()
-    cmd = _namespace_cmd() + [sys.executable, "-m", "kevin_exp.bench.worker", "--probe", "--backend", "cpu",
+    cmd = _namespace_cmd() + [sys.executable, "-m", "kevin_exp.bench.worker", "--probe", "--backend", backend,
                               "--result-fd", str(write_fd), "--workdir", "/tmp/probe"]
     if private_tmp:
         cmd.append("--private-tmp")
@@ -153,6 +160,8 @@ class WorkerOutcome:
         rc = self.returncode
         if rc is None:
             return None
+        if rc == 1 and "unshare: sigprocmask unblock failed" in self.output_tail:
+            return "SIGKILL"  # util-linux unshare cannot re-raise SIGKILL on itself and exits 1 instead
         # unshare reports a killed child as 128 + signal
         sig = -rc if rc < 0 else (rc - 128 if rc > 128 else 0)
         if sig <= 0:

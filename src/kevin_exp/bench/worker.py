@@ -8,6 +8,7 @@ corrupting the CUDA context), the parent sees it from outside and turns it into 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import resource
@@ -72,6 +73,9 @@ def _prepare_sandbox(args: argparse.Namespace) -> None:
     """Inside fresh namespaces as root: private /tmp and /dev/shm, the build cache read-only, the
     interpreter visible, then drop to the slot's uid."""
     if args.private_tmp:
+        # Never let a mount made here propagate to the host (older unshare builds or a shared root
+        # would otherwise cover the host's /tmp with this worker's empty tmpfs).
+        _mount("--make-rprivate", "/")
         cache = Path(args.cache_dir) if args.cache_dir else None
         # Hold the cache open first: it may itself live under /tmp, which the private tmpfs covers.
         cache_fd = os.open(cache, os.O_RDONLY | os.O_DIRECTORY) if cache is not None and cache.is_dir() else None
@@ -101,6 +105,11 @@ def _prepare_sandbox(args: argparse.Namespace) -> None:
     os.environ["HOME"] = str(workdir)
     os.environ["TMPDIR"] = str(workdir)
     os.environ["TORCH_EXTENSIONS_DIR"] = str(workdir / "torch_extensions")
+    # The sandbox uid has no passwd entry: getpass.getuser() (torch's inductor/dynamo cache paths
+    # call it on first use) reads these before falling back to a lookup that would raise.
+    user = f"kx-sandbox-{os.getuid()}"
+    os.environ.update(USER=user, LOGNAME=user, TORCHINDUCTOR_CACHE_DIR=str(workdir / "inductor"),
+                      TRITON_CACHE_DIR=str(workdir / "triton"), XDG_CACHE_HOME=str(workdir / ".cache"))
     if args.address_space_gb:
         limit = int(args.address_space_gb * (1 << 30))
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -122,8 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nproc", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--probe", action="store_true", help="set up the sandbox, import torch, exit")
+    parser.add_argument("--probe", action="store_true", help="set up the sandbox, import torch (and start CUDA on that backend), exit")
     args = parser.parse_args(argv)
+    faulthandler.enable()  # a fatal signal leaves a Python traceback in the output the model sees
 
     result_pipe = os.fdopen(args.result_fd, "w")
     try:
@@ -138,15 +148,17 @@ def main(argv: list[str] | None = None) -> None:
 
     import kevin_exp.bench.harness  # noqa: F401  (import everything before the job, as the uid)
 
-    if args.probe:
-        result_pipe.write(json.dumps({"probe": "ok", "uid": os.getuid()}))
-        result_pipe.close()
-        os._exit(0)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.backend == "cuda":
         torch.cuda.init()
         torch.empty(1, device="cuda")
+    if args.probe:
+        import getpass
+
+        result_pipe.write(json.dumps({"probe": "ok", "uid": os.getuid(), "user": getpass.getuser()}))
+        result_pipe.close()
+        os._exit(0)
 
     job = json.loads(sys.stdin.read())
     result = run_job(job)

@@ -130,7 +130,7 @@ class FastBuilder:
             def cuda_side() -> None:
                 try:
                     self._compile_cuda(spec, arch or "", module, tmp, deadline, cu_info, group)
-                except CompileFailed as exc:
+                except BaseException as exc:  # noqa: BLE001 - handed to the building thread
                     cu_error.append(exc)
                     group.cancel()
 
@@ -165,6 +165,12 @@ class FastBuilder:
                 if cu_info.log not in info.log:
                     info.log += cu_info.log
             exc.log = info.log
+            raise
+        except BaseException:
+            # never leave nvcc writing into a build dir the caller is about to remove
+            if cu_thread is not None:
+                group.cancel()
+                cu_thread.join()
             raise
 
     def _nvcc(self, argv: list[str], tmp: Path, deadline: float, group: proc.Group) -> proc.ProcResult:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,7 +273,7 @@ def toolchain_id(with_nvcc: bool, cache_root: Path | None = None) -> dict[str, s
     _memo[(fp, with_nvcc)] = ident
     if path is not None and not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")  # builds run in threads
         tmp.write_text(json.dumps(ident))
         os.replace(tmp, path)
     return ident
