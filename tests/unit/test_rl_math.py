@@ -102,3 +102,30 @@ def test_kl_term_needs_reference_and_is_zero_at_reference():
 def test_aggregate_rejects_unknown_normalisation():
     with pytest.raises(ValueError, match="normalization"):
         aggregate(torch.zeros(1, 1), torch.ones(1, 1), "batch", 1)
+@pytest.mark.parametrize("normalization", ["constant", "token", "sequence"])
+def test_micro_batch_losses_sum_to_the_mini_batch_loss(normalization):
+    """Gradient accumulation: micro-batch losses with the mini-batch's denominators add up exactly."""
+    torch.manual_seed(0)
+    per_token = torch.randn(6, 5)
+    mask = (torch.rand(6, 5) > 0.3).float()
+    mask[:, 0] = 1.0
+    whole = aggregate(per_token, mask, normalization, max_new_tokens=8)
+    parts = sum(
+        aggregate(per_token[i : i + 2], mask[i : i + 2], normalization, 8, total_sequences=6, total_tokens=int(mask.sum()))
+        for i in range(0, 6, 2)
+    )
+    assert torch.allclose(whole, parts)
+
+
+def test_turn_credit_groups_by_trajectory_for_returns_and_by_task_for_advantages():
+    from kevin_exp.rl.credit import turn_credit
+
+    # task a: two trajectories of two turns (given out of order); task b: one trajectory
+    scores = [0.0, 1.0, 2.0, 0.0, 5.0, 5.0]
+    task = ["a", "a", "a", "a", "b", "b"]
+    traj = [0, 0, 1, 1, 0, 0]
+    turn = [1, 0, 0, 1, 0, 1]
+    returns, adv = turn_credit(scores, task, traj, turn, gamma=0.5, scale_by_std=False)
+    # traj a/0: turns (1.0, 0.0) -> R0 = 1 + 0.5*0 = 1, R1 = 0; traj a/1: (2, 0) -> 2, 0; b: (5, 5) -> 7.5, 5
+    assert returns == [0.0, 1.0, 2.0, 0.0, 7.5, 5.0]
+    assert adv == pytest.approx([-0.75, 0.25, 1.25, -0.75, 1.25, -1.25])

@@ -258,6 +258,9 @@ class Evaluator:
             return self._verdict(item, Status.CRASHED, reason, feedback=reason + ("\n" + tail if tail else ""), **common)
         status = Status(res["status"])
         extra_fields = {k: res[k] for k in ("correctness_trials", "max_abs_diff", "atol", "rtol") if k in res}
+        if res.get("phases"):
+            # where the worker's time went (seconds per stage), for profiling the run stage
+            extra_fields["extra"] = {"phases": res["phases"]}
         if status is not Status.OK:
             feedback = res.get("reason", "")
             if res.get("detail") and status is Status.RUNTIME_ERROR:

@@ -14,6 +14,7 @@ import os
 import resource
 import shutil
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.backend == "cuda":
         torch.cuda.init()
         torch.empty(1, device="cuda")
+    # Entering a dispatch mode the first time imports torch._dynamo (seconds; more with triton): pay it here.
+    from kevin_exp.bench.runtime_guard import block_torch_compute
+
+    with block_torch_compute():
+        torch.empty(1, device="cuda" if args.backend == "cuda" else "cpu")
     if args.probe:
         import getpass
 
@@ -216,7 +222,14 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
     config = BenchConfig(**cfg_dict)
     rules = config.rules
     device = torch.device("cuda" if config.backend == "cuda" else "cpu")
-    result: dict[str, Any] = {"device": _device_name(device)}
+    phases: dict[str, float] = {}
+    result: dict[str, Any] = {"device": _device_name(device), "phases": phases}
+    clock = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        phases[name] = round(now - clock[0], 4)
+        clock[0] = now
 
     # TF32 off: fp32 problems are compared against true fp32 (kevin-recipe.md 5.11).
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -236,6 +249,7 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
     if "ModelNew" not in cand_ns:
         raise h.Rejected("format_error", "the code defines no class ModelNew")
     _check_timing_untouched(rules, timing_snapshot, verify_timing_functions)
+    lap("load_s")
 
     with _stage("runtime_error", "the reference program failed"):
         torch.manual_seed(config.seed)
@@ -284,7 +298,9 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
             del out, ref_out, cand_inputs, pristine, inputs
         return worst
 
+    lap("construct_s")
     max_diff = correctness(0)
+    lap("correctness_s")
     tol = config.tolerance_for("float32")
     result.update(correctness_trials=config.correctness_trials, max_abs_diff=max_diff, atol=tol.atol, rtol=tol.rtol)
 
@@ -292,11 +308,14 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
     with torch.no_grad():
         ref_outputs = [ref_model(*h.clone_values(s)) for s in input_sets]
     with _stage("runtime_error", "your forward raised during timing"):
+        lap("timing_inputs_s")
         timing = h.interleaved_timing(ref_model, new_model, input_sets, ref_outputs, device, config)
+    lap("timing_s")
     _check_timing_untouched(rules, timing_snapshot, verify_timing_functions)
     # Again after timing, on new inputs: state carried across calls must not change the answer.
     correctness(1_000_003)
     _check_timing_untouched(rules, timing_snapshot, verify_timing_functions)
+    lap("recheck_s")
 
     from kevin_exp.bench.verdict import TimingStats
     from dataclasses import asdict

@@ -22,16 +22,29 @@ class LossStats:
     ratio_mean: float
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, normalization: str, max_new_tokens: int) -> torch.Tensor:
-    """Reduce a (sequences, tokens) loss over the response mask."""
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    normalization: str,
+    max_new_tokens: int,
+    total_sequences: int | None = None,
+    total_tokens: int | None = None,
+) -> torch.Tensor:
+    """Reduce a (sequences, tokens) loss over the response mask.
+
+    When one gradient step is accumulated over several micro-batches, pass the whole mini-batch's
+    ``total_sequences`` and ``total_tokens``: the micro-batch losses then sum to the mini-batch loss.
+    """
     mask = mask.to(per_token.dtype)
+    n_seq = total_sequences if total_sequences is not None else per_token.shape[0]
     if normalization == "constant":
-        return (per_token * mask).sum() / (per_token.shape[0] * max_new_tokens)
+        return (per_token * mask).sum() / (n_seq * max_new_tokens)
     if normalization == "token":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+        n_tok = torch.as_tensor(total_tokens, dtype=mask.dtype) if total_tokens is not None else mask.sum()
+        return (per_token * mask).sum() / n_tok.clamp(min=1.0)
     if normalization == "sequence":
         per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
-        return per_seq.mean()
+        return per_seq.sum() / n_seq
     raise ValueError(f"normalization={normalization!r}: expected one of {', '.join(NORMALIZATIONS)}")
 
 
@@ -46,6 +59,8 @@ def clipped_policy_loss(
     clip_high: float = 0.28,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    total_sequences: int | None = None,
+    total_tokens: int | None = None,
 ) -> LossStats:
     """logprobs/old_logprobs/mask: (sequences, tokens); advantages: (sequences,)."""
     ratio = torch.exp(logprobs - old_logprobs)
@@ -59,7 +74,7 @@ def clipped_policy_loss(
         # k3 estimator of KL(policy || reference), as in GRPO
         delta = ref_logprobs - logprobs
         per_token = per_token + kl_coef * (torch.exp(delta) - delta - 1.0)
-    loss = aggregate(per_token, mask, normalization, max_new_tokens)
+    loss = aggregate(per_token, mask, normalization, max_new_tokens, total_sequences, total_tokens)
     with torch.no_grad():
         m = mask.bool()
         n = m.sum().clamp(min=1)

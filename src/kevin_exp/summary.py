@@ -1,0 +1,49 @@
+"""The one-screen summary a run ends with: where its records are, and what each step did."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from kevin_exp.records import read_jsonl
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def summary_lines(run_dir: Path) -> list[str]:
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    turns = read_jsonl(run_dir / "turns.jsonl")
+    lines = [f"records: {run_dir}", f"  turns.jsonl   {len(turns)} rows", f"  metrics.jsonl {len(metrics)} rows"]
+    if not metrics:
+        return lines + ["no step has finished yet"]
+    n_turns = len(metrics[-1].get("correct_per_turn", []))
+    head = f"{'step':>4} {'reward':>7} {'max':>6} {'correct':>7} " + " ".join(f"{'t' + str(k + 1):>5}" for k in range(n_turns))
+    head += f" {'speedup':>7} {'loss':>9} {'gnorm':>7} {'gen s':>6} {'eval s':>6} {'train s':>7}"
+    lines += ["", head]
+    shown = metrics if len(metrics) <= 12 else metrics[:3] + [None] + metrics[-8:]
+    for m in shown:
+        if m is None:
+            lines.append(f"{'...':>4}")
+            continue
+        per_turn = " ".join(f"{c:5.0%}" for c in m.get("correct_per_turn", []))
+        lines.append(
+            f"{m['step'] + 1:>4} {m['reward_mean']:7.3f} {m['reward_max']:6.2f} {m['correct_ratio']:7.0%} {per_turn} "
+            f"{_fmt(m.get('speedup_mean'), '7.2f'):>7} {m['loss']:9.3g} {m['grad_norm']:7.3g} "
+            f"{m['generate_s']:6.1f} {m['evaluate_s']:6.1f} {m['train_s']:7.1f}"
+        )
+    statuses = Counter(r["status"] for r in turns)
+    lines += ["", "verdicts: " + ", ".join(f"{k} {v}" for k, v in statuses.most_common())]
+    last = metrics[-1]
+    lines.append(
+        f"last step: response {last['response_tokens_mean']:.0f} tokens on average, truncated {last['truncation_ratio']:.0%}, "
+        f"not-okay {last['not_okay_ratio']:.0%}"
+    )
+    return lines
+
+
+def print_summary(run_dir: Path) -> float:
+    """Prints the summary; returns the last step's mean reward (the value a Hydra sweeper would optimise)."""
+    print("\n".join(summary_lines(run_dir)), flush=True)
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    return float(metrics[-1]["reward_mean"]) if metrics else 0.0

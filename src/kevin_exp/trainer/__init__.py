@@ -1,0 +1,1 @@
+"""The policy update: log-probs, the learner, checkpoints, and the training loop."""

@@ -1,0 +1,52 @@
+"""Building the run's components from its config, with errors that name the key and the fix."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kevin_exp.config import TasksConfig, TrainConfig
+from kevin_exp.tasks import Problem, load_builtin, load_kernelbench, select
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"trainer.device={name}: no CUDA GPU is visible here; use trainer.device=auto or cpu")
+    return torch.device(name)
+
+
+def load_task_pool(cfg: TasksConfig) -> list[Problem]:
+    if cfg.suite == "builtin":
+        pool = load_builtin(cfg.levels)
+    elif cfg.suite == "kernelbench":
+        if not cfg.kernelbench_path:
+            raise ValueError("tasks.suite=kernelbench needs tasks.kernelbench_path=/path/to/KernelBench")
+        if not Path(cfg.kernelbench_path).is_dir():
+            raise FileNotFoundError(
+                f"tasks.kernelbench_path={cfg.kernelbench_path}: no such folder; point it at a KernelBench checkout "
+                "(the folder holding KernelBench/level1 ...)"
+            )
+        pool = load_kernelbench(cfg.kernelbench_path, cfg.levels)
+    else:
+        raise ValueError(f"tasks.suite={cfg.suite!r}: expected builtin or kernelbench")
+    if cfg.ids:
+        pool = select(pool, cfg.ids)
+    if not pool:
+        raise ValueError(f"no tasks selected (tasks.suite={cfg.suite}, levels={list(cfg.levels)}, ids={list(cfg.ids)})")
+    return pool
+
+
+def build_environment(cfg: TrainConfig, vocab_size: int):
+    from kevin_exp.rollout.env import KernelEnv, ScoreWeights, SyntheticEnv
+
+    if cfg.rollout.env == "synthetic":
+        return SyntheticEnv(target_below=max(1, vocab_size // 8))
+    if cfg.rollout.env != "kernel":
+        raise ValueError(f"rollout.env={cfg.rollout.env!r}: expected kernel or synthetic")
+    from kevin_exp.bench.evaluator import Evaluator
+
+    evaluator = Evaluator(cfg.evaluator.to_bench())
+    weights = ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight)
+    return KernelEnv(evaluator, weights)

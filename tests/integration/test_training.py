@@ -1,0 +1,150 @@
+"""The training loop end to end on CPU: learning, records, the real evaluator, resume after a kill."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kevin_exp.records import TURN_FIELDS, read_jsonl
+from kevin_exp.trainer.loop import TrainingRun
+from tests.helpers import ScriptedGenerator, compose_train
+
+REPO = Path(__file__).resolve().parents[2]
+TIMING_KEYS = {"generate_s", "evaluate_s", "evaluate_wait_s", "train_s", "step_s"}
+
+SYNTHETIC = ["model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=none"]
+
+
+def _run(overrides: list[str], run_dir: Path) -> TrainingRun:
+    run = TrainingRun(compose_train(overrides, run_dir))
+    run.setup()
+    return run
+
+
+def test_tiny_model_learns_the_synthetic_reward(tmp_path):
+    steps = 24
+    run = _run(SYNTHETIC + [f"steps={steps}", "tasks_per_step=2", "n_trajectories=8", "n_turns=1",
+                            "rollout.max_new_tokens=12", "trainer.lr=3e-2", "trainer.warmup_ratio=0",
+                            "trainer.grad_clip=1.0", "trainer.micro_batch_size=16"], tmp_path)
+    history = run.fit()
+    rewards = [m["reward_mean"] for m in history]
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    # a random policy scores about 1/8 (the target is 1/8 of the vocabulary)
+    assert first < 0.3
+    assert last > first + 0.4, rewards
+
+
+def test_one_step_with_the_real_cpu_evaluator_and_tiny_model_writes_both_records(tmp_path):
+    """The main entry point as a user runs it: a subprocess, the composed config, real compiles (if any)."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kevin_exp.train", "experiment=cpu_smoke", "steps=1", f"hydra.run.dir={out}",
+         "logger.progress=lines"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"records: {out}" in proc.stdout
+    turns = read_jsonl(out / "turns.jsonl")
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert len(turns) == 2 * 2 * 2  # tasks x trajectories x turns (cpu_smoke)
+    for row in turns:
+        assert set(TURN_FIELDS) <= row.keys()
+        assert row["split"] == "train" and row["backend"] == "cpu" and row["model"] == "tiny"
+        assert row["turn"] in (1, 2) and row["step"] == 0
+    # a random model writes no code block: every turn is a format error scored 0
+    assert {r["status"] for r in turns} == {"format_error"}
+    assert all(r["score"] == 0.0 and r["correct"] is False for r in turns)
+    assert len(metrics) == 1 and metrics[0]["status_counts"] == {"format_error": 8}
+    assert (out / "config.yaml").is_file() and json.loads((out / "meta.json").read_text())["git"]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000000"
+
+
+def test_a_step_whose_kernels_reach_the_evaluator_scores_and_trains_on_them(tmp_path):
+    """Kernels a random model cannot write come from a scripted sampler; everything after it is real."""
+    run = _run(["experiment=cpu_smoke", "n_trajectories=3", "n_turns=2", "tasks_per_step=2", "steps=1",
+                "tasks.ids=[builtin/level1/1,builtin/level1/3]", "logger.progress=none"], tmp_path)
+    run.generator = ScriptedGenerator(run.policy.tokenizer, run.pool, "cpu", 3)
+    before = {k: v.clone() for k, v in run.policy.model.state_dict().items()}
+    [metrics] = run.fit()
+    turns = read_jsonl(tmp_path / "turns.jsonl")
+    by_traj = {}
+    for r in turns:
+        by_traj.setdefault(r["trajectory"], []).append(r)
+    for r in by_traj[0]:
+        assert r["status"] == "ok" and r["correct"] is True
+        assert r["speedup"] > 0 and r["ref_runtime_ms"] > 0
+        assert r["score"] == pytest.approx(0.3 + r["speedup"])
+    assert {r["status"] for r in by_traj[1]} == {"compile_error"}
+    assert {r["status"] for r in by_traj[2]} == {"format_error"}
+    for task in {r["task_id"] for r in turns}:
+        rows = {(r["trajectory"], r["turn"]): r for r in turns if r["task_id"] == task}
+        # gamma 0.4, sum form: R_1 = r_1 + 0.4 r_2
+        assert rows[(0, 1)]["return"] == pytest.approx(rows[(0, 1)]["score"] + 0.4 * rows[(0, 2)]["score"])
+        assert rows[(0, 1)]["advantage"] > 0 > rows[(2, 1)]["advantage"]
+    assert metrics["correct_per_turn"] == [pytest.approx(1 / 3), pytest.approx(1 / 3)]
+    assert metrics["grad_norm"] > 0
+    after = run.policy.model.state_dict()
+    assert any(not after[k].equal(before[k]) for k in before)
+
+
+def _strip_timing(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+
+
+def test_a_killed_run_resumes_and_writes_the_same_rows_as_an_uninterrupted_one(tmp_path):
+    args = [sys.executable, "-m", "kevin_exp.train", *SYNTHETIC, "steps=5", "n_trajectories=3", "n_turns=2",
+            "tasks_per_step=2", "rollout.max_new_tokens=8", "trainer.lr=1e-3"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run([*args, f"hydra.run.dir={straight}"], cwd=REPO, check=True, capture_output=True, timeout=600)
+
+    # kill the second run hard somewhere in step 3 (after 2 metrics rows), with no chance to clean up
+    proc = subprocess.Popen([*args, f"hydra.run.dir={killed}"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(read_jsonl(killed / "metrics.jsonl")) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert len(read_jsonl(killed / "metrics.jsonl")) < 5, "the run finished before it could be killed"
+    subprocess.run([*args, f"hydra.run.dir={killed}"], cwd=REPO, check=True, capture_output=True, timeout=600)
+
+    ref_turns, got_turns = read_jsonl(straight / "turns.jsonl"), read_jsonl(killed / "turns.jsonl")
+    ref_metrics, got_metrics = read_jsonl(straight / "metrics.jsonl"), read_jsonl(killed / "metrics.jsonl")
+    assert len(got_turns) == len(ref_turns) == 5 * 2 * 3 * 2
+    # run ids differ (they name the run dir); everything else matches row for row
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "run_id"} for r in rows]  # noqa: E731
+    assert drop(got_turns) == drop(ref_turns)
+    assert drop(_strip_timing(got_metrics)) == drop(_strip_timing(ref_metrics))
+
+
+def test_resume_never_refuses_a_run_dir_that_holds_records(tmp_path):
+    from kevin_exp.trainer.loop import RunDirInUse
+
+    run = _run(SYNTHETIC + ["steps=1", "n_trajectories=2", "n_turns=1", "rollout.max_new_tokens=4"], tmp_path)
+    run.fit()
+    with pytest.raises(RunDirInUse, match="resume=auto"):
+        _run(SYNTHETIC + ["steps=1", "n_trajectories=2", "n_turns=1", "rollout.max_new_tokens=4", "resume=never"], tmp_path)
+
+
+def test_a_local_multirun_runs_one_job_per_gamma_in_its_own_directory(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "kevin_exp.train", "-m", "gamma=0.0,0.4,1.0", *SYNTHETIC, "steps=1",
+         "n_trajectories=2", "n_turns=2", "rollout.max_new_tokens=4", f"hydra.sweep.dir={tmp_path}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for gamma in ("0.0", "0.4", "1.0"):
+        job = next(tmp_path.glob(f"gamma={gamma},*"))
+        rows = read_jsonl(job / "turns.jsonl")
+        assert rows and {r["gamma"] for r in rows} == {float(gamma)}
+        by_key = {(r["task_id"], r["trajectory"], r["turn"]): r for r in rows}
+        for (task, traj, turn), r in by_key.items():
+            if turn == 1:
+                expected = r["score"] + float(gamma) * by_key[(task, traj, 2)]["score"]
+                assert r["return"] == pytest.approx(expected)

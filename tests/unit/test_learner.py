@@ -1,0 +1,43 @@
+"""The learner's update on the tiny model: zero-advantage samples are skipped without changing the update."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kevin_exp.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from kevin_exp.models import load_policy
+from kevin_exp.trainer.learner import Learner, LearnerSample
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_policy(ModelConfig(name="tiny", source="tiny"))
+
+
+def _update(tiny, advantages: list[float], normalization: str) -> tuple[float, torch.Tensor]:
+    model = load_policy(ModelConfig(name="tiny", source="tiny")).model
+    learner = Learner(model, tiny.tokenizer.pad_token_id, TrainerConfig(minibatches=1, micro_batch_size=1, lr=1e-3),
+                      AlgorithmConfig(normalization=normalization), max_new_tokens=8, total_steps=1,
+                      device=torch.device("cpu"))
+    samples = [LearnerSample([1, 2, 3 + k], [5 + k, 6, 7, 8][: 2 + k], a) for k, a in enumerate(advantages)]
+    stats = learner.update(samples, seed=0)
+    return stats.grad_norm, model.lm_head.weight.detach().clone()
+
+
+@pytest.mark.parametrize("normalization", ["constant", "token", "sequence"])
+def test_skipping_zero_advantage_samples_keeps_the_update_exact(tiny, normalization):
+    skipped_norm, skipped_w = _update(tiny, [1.0, 0.0, -0.5], normalization)
+    full_norm, full_w = _update(tiny, [1.0, 1e-30, -0.5], normalization)
+    # were the skipped sample left out of the normaliser, the gradient would grow by about a third
+    assert skipped_norm == pytest.approx(full_norm, rel=1e-4)
+    assert torch.allclose(skipped_w, full_w, atol=1e-7)
+
+
+def test_an_all_zero_batch_still_counts_as_an_optimizer_step(tiny):
+    model = load_policy(ModelConfig(name="tiny", source="tiny")).model
+    learner = Learner(model, tiny.tokenizer.pad_token_id, TrainerConfig(minibatches=2), AlgorithmConfig(),
+                      max_new_tokens=8, total_steps=1, device=torch.device("cpu"))
+    stats = learner.update([LearnerSample([1, 2], [3, 4], 0.0), LearnerSample([1, 2], [5], 0.0)], seed=0)
+    assert stats.gradient_steps == 2 and stats.grad_norm == 0.0
+    state = learner.optimizer.state[model.lm_head.weight]
+    assert int(state["step"]) == 2

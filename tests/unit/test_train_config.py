@@ -1,0 +1,79 @@
+"""The configs compose into typed objects; bad keys and values fail at composition with their name."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from kevin_exp.config import TrainConfig
+from kevin_exp.hydra_resolvers import job_dir
+from tests.helpers import CONF_DIR, compose_train
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_default_config_is_the_embedded_smoke_run():
+    cfg = compose_train([])
+    assert isinstance(cfg, TrainConfig)
+    assert cfg.model.name == "smollm2_135m" and cfg.model.source == "smollm2"
+    assert cfg.tasks.suite == "builtin" and cfg.evaluator.backend == "auto" and cfg.rollout.backend == "hf"
+    assert (cfg.algorithm.clip_low, cfg.algorithm.clip_high, cfg.algorithm.kl_coef) == (0.2, 0.28, 0.0)
+    assert cfg.trainer.grad_clip == 0.05 and cfg.trainer.lr == 2e-6 and cfg.trainer.minibatches == 2
+
+
+def test_headline_knobs_reach_the_groups_that_use_them():
+    cfg = compose_train(["gamma=1.0", "normalization=token", "n_turns=3", "model=tiny"])
+    assert cfg.gamma == cfg.algorithm.gamma == 1.0
+    assert cfg.normalization == cfg.algorithm.normalization == "token"
+    assert cfg.n_turns == 3 and cfg.model.name == "tiny"
+
+
+def test_trloo_estimator_is_selected_by_name():
+    cfg = compose_train(["algorithm=trloo", "gamma=0.0"])
+    assert cfg.algorithm.estimator == "trloo" and cfg.algorithm.scale_by_std is False and cfg.algorithm.gamma == 0.0
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml")))
+def test_every_model_option_composes(option):
+    cfg = compose_train([f"model={option}"])
+    assert cfg.model.name == option and cfg.model.params_b > 0
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
+def test_every_experiment_composes(experiment):
+    cfg = compose_train([f"experiment={experiment}"])
+    assert cfg.experiment == experiment
+
+
+def test_an_unknown_key_fails_naming_it():
+    with pytest.raises(ConfigCompositionException, match="gama"):
+        compose_train(["gama=0.4"])
+
+
+def test_a_wrong_type_fails_naming_the_key():
+    with pytest.raises((ConfigCompositionException, ValidationError), match="steps"):
+        compose_train(["steps=many"])
+
+
+def test_job_dir_is_a_function_of_the_overrides_only():
+    assert job_dir("") == "default"
+    assert job_dir("gamma=0.4,n_turns=2") == "gamma=0.4,n_turns=2"
+    assert job_dir("model.path=/data/qwq") == "model.path=_data_qwq"
+    long = ",".join(f"k{i}=v{i}" for i in range(60))
+    assert job_dir(long) == job_dir(long) and len(job_dir(long)) <= 120 and job_dir(long) != job_dir(long + "x")
+
+
+def test_the_run_directory_comes_from_the_overrides_not_the_clock():
+    def run_dir(*overrides: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "kevin_exp.train", *overrides, "--cfg", "hydra", "--resolve",
+                               "--package", "hydra.run"], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "dir: outputs/runs/gamma=1.0,model=tiny" in run_dir("model=tiny", "gamma=1.0")
+    # launch-only settings do not move the job
+    assert "dir: outputs/runs/default" in run_dir("logger.progress=lines")
