@@ -77,3 +77,21 @@ def test_the_run_directory_comes_from_the_overrides_not_the_clock():
     assert "dir: outputs/runs/gamma=1.0,model=tiny" in run_dir("model=tiny", "gamma=1.0")
     # launch-only settings do not move the job
     assert "dir: outputs/runs/default" in run_dir("logger.progress=lines")
+
+
+def test_a_kernelbench_run_without_its_folder_fails_naming_the_key(tmp_path):
+    from kevin_exp.trainer.setup import load_task_pool
+
+    with pytest.raises(ValueError, match="tasks.kernelbench_path"):
+        load_task_pool(compose_train(["experiment=kevin_32b"]).tasks)
+    with pytest.raises(FileNotFoundError, match=r"tasks.kernelbench_path=.*no such folder"):
+        load_task_pool(compose_train(["experiment=kevin_32b", f"tasks.kernelbench_path={tmp_path}/nope"]).tasks)
+
+
+def test_the_paper_recipe_carries_the_papers_values():
+    cfg = compose_train(["experiment=kevin_32b"])
+    assert (cfg.tasks_per_step, cfg.n_trajectories, cfg.n_turns, cfg.gamma) == (8, 16, 4, 0.4)
+    assert cfg.algorithm.aggregation == "sum" and cfg.normalization == "constant" == cfg.algorithm.normalization
+    assert cfg.trainer.grad_clip == 0.05 and cfg.rollout.temperature == 0.9 and cfg.model.path == "Qwen/QwQ-32B"
+    single = compose_train(["experiment=single_turn"])
+    assert single.n_turns == 1 and single.model.name == "32b"
