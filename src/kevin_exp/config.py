@@ -11,6 +11,7 @@ Headline knobs sit at the top level so sweeps read like the paper (``-m gamma=0.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -44,6 +45,10 @@ class ModelConfig:
     tiny_heads: int = 4
     tiny_intermediate: int = 256
     trust_remote_code: bool = False
+    # architecture numbers the launch-time memory check needs for the rollout's KV cache (0: unknown)
+    layers: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
 
 
 @dataclass
@@ -165,6 +170,23 @@ class LoggerConfig:
 
 
 @dataclass
+class ResourcesConfig:
+    """What a job asks for (a launch setting: it never changes results, nor the job's directory)."""
+
+    nodes: int = 1
+    gpus_per_node: int = 1
+    # memory of one GPU (H100 80 GB; H200 141 GB)
+    gpu_memory_gb: float = 80.0
+    cpus_per_task: int = 16
+    mem_gb: int = 128
+    timeout_min: int = 240
+    # refuse to launch when the estimate exceeds this share of the GPU memory (allocator slack, CUDA context)
+    max_memory_fraction: float = 0.9
+    # false: skip the launch-time memory check
+    check: bool = True
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -173,6 +195,7 @@ class TrainConfig:
     tasks: TasksConfig = field(default_factory=TasksConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     # headline knobs (the paper's names; groups interpolate them)
     gamma: float = 0.4
     n_turns: int = 4
@@ -189,10 +212,18 @@ class TrainConfig:
     sweep_name: Optional[str] = None
 
 
+SWEEPS_DIR = Path(__file__).resolve().parents[2] / "sweeps"
+
+
 def register_configs() -> None:
+    """Schemas for every group, and the files of ``sweeps/`` as the ``sweep`` group (they live beside ``conf/``
+    so the paper's ablations are easy to find, and are registered here so they work from any directory)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     cs = ConfigStore.instance()
+    for path in sorted(SWEEPS_DIR.glob("*.yaml")):
+        cs.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
     cs.store(name="train_schema", node=TrainConfig)
     for group, node in (
         ("model", ModelConfig),
@@ -202,6 +233,7 @@ def register_configs() -> None:
         ("tasks", TasksConfig),
         ("trainer", TrainerConfig),
         ("logger", LoggerConfig),
+        ("resources", ResourcesConfig),
     ):
         cs.store(group=group, name=f"{group}_schema", node=node)
 

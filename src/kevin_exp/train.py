@@ -11,8 +11,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from kevin_exp.config import register_configs, to_typed
 from kevin_exp.hydra_resolvers import register_resolvers
+from kevin_exp.resources import ResourceError, check_resources, uses_gpu
 from kevin_exp.summary import print_summary
-from kevin_exp.trainer.loop import TrainingRun
+from kevin_exp.trainer.loop import RunDirInUse, TrainingRun
+from kevin_exp.trainer.setup import TaskPoolError
 
 register_configs()
 register_resolvers()
@@ -20,9 +22,15 @@ register_resolvers()
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
 def main(cfg: DictConfig) -> float:
-    run = TrainingRun(to_typed(cfg), config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
+    typed = to_typed(cfg)
+    run = TrainingRun(typed, config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
                       resolved=OmegaConf.to_container(cfg, resolve=True))
-    run.setup()
+    try:
+        if uses_gpu(typed):
+            check_resources(typed)
+        run.setup()
+    except (ResourceError, RunDirInUse, TaskPoolError) as e:
+        raise SystemExit(f"error: {e}") from None  # a bad setting: its message names the key and the fix
     run.fit()
     return print_summary(run.run_dir)
 

@@ -24,3 +24,25 @@ def test_root_linux_gets_namespaces_and_an_unprivileged_uid():
 def test_explicit_process_level_is_honoured():
     policy = probe_policy("process", "cpu")
     assert policy.mode == "process" and not policy.drop_uid
+
+
+def test_a_checkout_under_tmp_stays_visible_inside_the_private_tmp(tmp_path):
+    """A CI clone in /tmp: the sandbox's private /tmp must not hide the code the worker runs."""
+    import subprocess
+    from pathlib import Path
+
+    import kevin_exp
+
+    copy = Path("/tmp") / f"kx-clone-{tmp_path.name}"
+    shutil.copytree(Path(kevin_exp.__file__).parent, copy / "src" / "kevin_exp")
+    try:
+        probe = ("import kevin_exp, sys; from kevin_exp.bench.sandbox import probe_policy; "
+                 "p = probe_policy('auto', 'cpu'); print(kevin_exp.__file__); print(p.mode, p.drop_uid, p.note)")
+        out = subprocess.run([sys.executable, "-c", probe], cwd=copy, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(copy / "src")})
+        assert out.returncode == 0, out.stderr
+        origin, verdict = out.stdout.strip().splitlines()[-2:]
+        assert origin.startswith(str(copy))
+        assert verdict.startswith("namespace True"), verdict
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)

@@ -148,3 +148,38 @@ def test_a_local_multirun_runs_one_job_per_gamma_in_its_own_directory(tmp_path):
             if turn == 1:
                 expected = r["score"] + float(gamma) * by_key[(task, traj, 2)]["score"]
                 assert r["return"] == pytest.approx(expected)
+
+
+def _sweep(tmp_path: Path, *overrides: str, sizes: tuple[str, ...] = ("n_trajectories=2", "n_turns=1")):
+    return subprocess.run(
+        [sys.executable, "-m", "kevin_exp.train", "-m", *SYNTHETIC, "steps=1", *sizes, "tasks_per_step=1", "rollout.max_new_tokens=4", f"hydra.sweep.dir={tmp_path}/sweep",
+         f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl", *overrides],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_a_sweep_file_runs_its_points_and_is_written_to_the_ledger(tmp_path):
+    from kevin_exp.ledger import ledger_entries
+
+    proc = _sweep(tmp_path, "sweep=serial_vs_parallel", sizes=())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for budget, (traj, turns) in {"t16x4": (16, 4), "t32x2": (32, 2), "t64x1": (64, 1)}.items():
+        [job] = (tmp_path / "sweep").glob(f"budget={budget},*")
+        rows = read_jsonl(job / "turns.jsonl")
+        assert len(rows) == traj * turns and {r["n_trajectories"] for r in rows} == {traj}
+        assert "sweep=" not in job.name  # the sweep's name is the parent directory, not part of the job's
+    [entry] = ledger_entries(tmp_path / "ledger.jsonl", "serial_vs_parallel")
+    assert entry["sweep_dir"] == str((tmp_path / "sweep").resolve())
+    assert "sweep=serial_vs_parallel" in entry["command"] and entry["git"]["commit"]
+    assert entry["params"] == {"budget": "t16x4,t32x2,t64x1"}
+
+
+def test_a_named_sweep_refuses_a_directory_holding_another_sweeps_results(tmp_path):
+    first = _sweep(tmp_path, "sweep_name=ablation", "gamma=0.0,1.0")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = _sweep(tmp_path, "sweep_name=ablation", "gamma=0.0,1.0", "logger.progress=lines")
+    assert again.returncode == 0, again.stderr[-3000:]  # the same sweep relaunched continues
+    other = _sweep(tmp_path, "sweep_name=ablation", "normalization=token,sequence")
+    assert other.returncode != 0
+    assert "holds the results of another sweep" in other.stderr and "sweep_name=<new name>" in other.stderr
+    assert not list((tmp_path / "sweep").glob("normalization=*"))

@@ -84,7 +84,7 @@ def test_a_kernelbench_run_without_its_folder_fails_naming_the_key(tmp_path):
 
     with pytest.raises(ValueError, match="tasks.kernelbench_path"):
         load_task_pool(compose_train(["experiment=kevin_32b"]).tasks)
-    with pytest.raises(FileNotFoundError, match=r"tasks.kernelbench_path=.*no such folder"):
+    with pytest.raises(ValueError, match=r"tasks.kernelbench_path=.*no such folder"):
         load_task_pool(compose_train(["experiment=kevin_32b", f"tasks.kernelbench_path={tmp_path}/nope"]).tasks)
 
 
@@ -95,3 +95,23 @@ def test_the_paper_recipe_carries_the_papers_values():
     assert cfg.trainer.grad_clip == 0.05 and cfg.rollout.temperature == 0.9 and cfg.model.path == "Qwen/QwQ-32B"
     single = compose_train(["experiment=single_turn"])
     assert single.n_turns == 1 and single.model.name == "32b"
+
+
+@pytest.mark.parametrize("sweep", sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml")))
+def test_every_sweep_file_composes_and_names_itself(sweep):
+    from hydra import compose, initialize_config_dir
+
+    from kevin_exp.config import register_configs
+    from kevin_exp.hydra_resolvers import register_resolvers
+
+    register_configs()
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"sweep={sweep}", "run_dir=unused"], return_hydra_config=True)
+    assert cfg.sweep_name == sweep
+    params = cfg.hydra.sweeper.params
+    assert params, f"sweeps/{sweep}.yaml sweeps nothing"
+    for key, values in params.items():
+        # every swept value must itself compose
+        for value in str(values).split(","):
+            compose_train([f"{key}={value}"])

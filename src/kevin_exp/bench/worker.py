@@ -70,6 +70,16 @@ def _expose_readonly(paths: list[Path]) -> None:
             _mount("-o", "remount,bind,ro", str(child))
 
 
+def _covered_by_private_tmp(paths: set[Path]) -> list[Path]:
+    """The top-level folders under /tmp or /dev/shm that hold any of ``paths`` (e.g. /tmp/ci-clone)."""
+    tops = set()
+    for path in paths:
+        for root in (Path("/tmp"), Path("/dev/shm")):
+            if root in path.parents:
+                tops.add(root / path.relative_to(root).parts[0])
+    return sorted(tops)
+
+
 def _prepare_sandbox(args: argparse.Namespace) -> None:
     """Inside fresh namespaces as root: private /tmp and /dev/shm, the build cache read-only, the
     interpreter visible, then drop to the slot's uid."""
@@ -80,20 +90,31 @@ def _prepare_sandbox(args: argparse.Namespace) -> None:
         cache = Path(args.cache_dir) if args.cache_dir else None
         # Hold the cache open first: it may itself live under /tmp, which the private tmpfs covers.
         cache_fd = os.open(cache, os.O_RDONLY | os.O_DIRECTORY) if cache is not None and cache.is_dir() else None
+        needed = {Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parents[2]}
+        needed |= {Path(p).resolve() for p in sys.path if p and os.path.isdir(p)}
+        # A checkout or venv under /tmp (a CI clone, say) would vanish under the private tmpfs: hold it open
+        # too and bind it back, read-only, at the same path.
+        held = {d: os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in _covered_by_private_tmp(needed)}
         for target, size in (("/tmp", "2g"), ("/dev/shm", "1g")):
             if os.path.isdir(target):
                 _mount("-t", "tmpfs", "-o", f"size={size},mode=1777", "tmpfs", target)
+        for d, fd in held.items():
+            os.set_inheritable(fd, True)  # mount(8) opens it through its own /proc/self/fd
+            d.mkdir(parents=True, exist_ok=True)
+            # --no-canonicalize: resolved to a path, /proc/self/fd/N would name the new, empty folder
+            _mount("--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", str(d))
+            _mount("-o", "remount,bind,ro", str(d))
+            os.close(fd)
         if cache_fd is not None:
             os.set_inheritable(cache_fd, True)
             Path(SANDBOX_CACHE).mkdir(parents=True)
-            rc = os.spawnvp(os.P_WAIT, "mount", ["mount", "--bind", f"/proc/self/fd/{cache_fd}", SANDBOX_CACHE])
+            rc = os.spawnvp(os.P_WAIT, "mount", ["mount", "--no-canonicalize", "--bind", f"/proc/self/fd/{cache_fd}",
+                                                  SANDBOX_CACHE])
             if rc != 0:
                 raise SystemExit("sandbox: binding the build cache failed")
             os.close(cache_fd)
             _mount("-o", "remount,bind,ro", SANDBOX_CACHE)
         if args.uid is not None:
-            needed = {Path(sys.base_prefix), Path(sys.prefix), Path(__file__).resolve().parents[2]}
-            needed |= {Path(p) for p in sys.path if p and os.path.isdir(p)}
             _expose_readonly(sorted(needed))
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)

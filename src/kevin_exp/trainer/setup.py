@@ -17,24 +17,28 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+class TaskPoolError(ValueError):
+    """The tasks settings select nothing usable; the message names the key and the fix."""
+
+
 def load_task_pool(cfg: TasksConfig) -> list[Problem]:
     if cfg.suite == "builtin":
         pool = load_builtin(cfg.levels)
     elif cfg.suite == "kernelbench":
         if not cfg.kernelbench_path:
-            raise ValueError("tasks.suite=kernelbench needs tasks.kernelbench_path=/path/to/KernelBench")
+            raise TaskPoolError("tasks.suite=kernelbench needs tasks.kernelbench_path=/path/to/KernelBench")
         if not Path(cfg.kernelbench_path).is_dir():
-            raise FileNotFoundError(
+            raise TaskPoolError(
                 f"tasks.kernelbench_path={cfg.kernelbench_path}: no such folder; point it at a KernelBench checkout "
                 "(the folder holding KernelBench/level1 ...)"
             )
         pool = load_kernelbench(cfg.kernelbench_path, cfg.levels)
     else:
-        raise ValueError(f"tasks.suite={cfg.suite!r}: expected builtin or kernelbench")
+        raise TaskPoolError(f"tasks.suite={cfg.suite!r}: expected builtin or kernelbench")
     if cfg.ids:
         pool = select(pool, cfg.ids)
     if not pool:
-        raise ValueError(f"no tasks selected (tasks.suite={cfg.suite}, levels={list(cfg.levels)}, ids={list(cfg.ids)})")
+        raise TaskPoolError(f"no tasks selected (tasks.suite={cfg.suite}, levels={list(cfg.levels)}, ids={list(cfg.ids)})")
     return pool
 
 

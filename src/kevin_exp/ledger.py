@@ -1,0 +1,86 @@
+"""The sweep ledger: every launched sweep appends one line (command, git commit, sweep dir, start time) that
+analysis tools read to find a sweep's runs by name; and the guard that stops a sweep from writing into a
+directory holding another sweep's results."""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from kevin_exp.records import JsonlWriter, git_state, read_jsonl
+
+SWEEP_FILE = "sweep.json"
+# launch settings: they never change results, so relaunching with others still continues the same sweep
+LAUNCH_KEYS = {"resume", "logger", "logger.progress", "cluster", "resources", "hydra.verbose"}
+
+
+class SweepOverwriteError(RuntimeError):
+    pass
+
+
+def sweep_identity(task_overrides: list[str], params: dict[str, Any]) -> dict[str, Any]:
+    """What makes two launches the same sweep: the fixed overrides and the swept values."""
+    fixed = sorted(o for o in task_overrides if o.split("=", 1)[0].lstrip("+~") not in LAUNCH_KEYS)
+    return {"overrides": fixed, "params": {k: str(v) for k, v in sorted(params.items())}}
+
+
+def claim_sweep_dir(sweep_dir: Path, identity: dict[str, Any]) -> None:
+    """Records ``identity`` in ``sweep_dir``; refuses a directory another sweep already claimed."""
+    marker = sweep_dir / SWEEP_FILE
+    if marker.is_file():
+        previous = json.loads(marker.read_text())
+        if previous.get("identity") != identity:
+            raise SweepOverwriteError(
+                f"{sweep_dir} holds the results of another sweep ({previous.get('command', '?')}). Give this one "
+                "its own directory with sweep_name=<new name> (or hydra.sweep.dir=...), or delete that directory "
+                "to start over. Relaunching the very same sweep continues it."
+            )
+        return
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"identity": identity, "command": _command()}, indent=1))
+
+
+def _command() -> str:
+    return " ".join(shlex.quote(a) for a in ["python", "-m", "kevin_exp.train", *sys.argv[1:]])
+
+
+class SweepLedger(Callback):
+    """Hydra callback (``hydra.callbacks.ledger`` in conf/train.yaml); runs in the launching process."""
+
+    def __init__(self, path: str = "outputs/ledger.jsonl") -> None:
+        self.path = Path(path)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        hydra_cfg = config.hydra
+        sweep_dir = Path(hydra_cfg.sweep.dir).resolve()
+        params = OmegaConf.to_container(hydra_cfg.sweeper.params, resolve=True) if hydra_cfg.sweeper.get("params") else {}
+        if config.get("sweep_name"):
+            # a named sweep owns its directory; unnamed ones share outputs/sweeps/default, where each job's
+            # directory is still a function of its overrides, so no job's records are ever overwritten
+            try:
+                claim_sweep_dir(sweep_dir, sweep_identity(list(hydra_cfg.overrides.task), params or {}))
+            except SweepOverwriteError as e:
+                # Hydra turns a callback's exceptions into warnings; nothing may be launched, so exit here
+                raise SystemExit(f"error: {e}") from None
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "sweep_name": config.get("sweep_name"),
+            "sweep_dir": str(sweep_dir),
+            "command": _command(),
+            "git": git_state(),
+            "params": params,
+        }
+        writer = JsonlWriter(self.path)
+        writer.append([entry])
+        writer.close()
+
+
+def ledger_entries(path: str | Path = "outputs/ledger.jsonl", sweep_name: str | None = None) -> list[dict[str, Any]]:
+    rows = read_jsonl(Path(path))
+    return [r for r in rows if sweep_name is None or r.get("sweep_name") == sweep_name]
