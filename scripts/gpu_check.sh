@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run on a GPU machine (the image already has torch, numpy, ninja, pytest): GPU tests and GPU benchmarks.
-# Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [tests|bench|all] [pytest args...]
+# Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [tests|bench|all] [test paths / pytest args...]
+# Carry .whl (../shared/tools/gpu-machine-wheels.sh .whl) and .gpu-carry/smollm2_tokenizer (a saved SmolLM2 tokenizer).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:-all}; shift || true
@@ -23,7 +24,8 @@ fi
 { date -u; nvidia-smi -L; $py -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; nproc; } 2>&1 | tee "$out/machine.txt"
 if [[ $stage == tests || $stage == all ]]; then
   $py -m kevin_exp.bench --reference tests/fixtures/problem_relu.py --candidate tests/fixtures/cuda/ok.py --backend cuda --json 2>&1 | tee "$out/cli-verdict.json"
-  $py -m pytest -q -rA -s -m gpu tests "$@" 2>&1 | tee "$out/gpu-tests.txt"
+  # extra arguments replace the test paths: bash scripts/gpu_check.sh tests tests/gpu/test_train_cuda.py
+  $py -m pytest -rA -s -m gpu --durations=0 "${@:-tests}" 2>&1 | tee "$out/gpu-tests.txt"
   if [[ -n ${KEVIN_EXP_TOKENIZER:-} ]]; then
     $py -m kevin_exp.train model=tiny model.tokenizer_path="$KEVIN_EXP_TOKENIZER" steps=1 logger.progress=lines \
       hydra.run.dir=/tmp/kx-train-cli 2>&1 | tee "$out/train-cli.txt"
