@@ -66,7 +66,7 @@ def check_resources(cfg: TrainConfig) -> MemoryEstimate:
     gpus = r.nodes * r.gpus_per_node
     fixed = est.weights_gb + est.gradients_gb + est.optimizer_gb + est.reference_gb
     lines = [
-        f"model={m_name(cfg)} ({cfg.model.params_b:g}B params, {cfg.model.dtype}) does not fit the requested GPUs: "
+        f"model={cfg.model.name} ({cfg.model.params_b:g}B params, {cfg.model.dtype}) does not fit the requested GPUs: "
         f"about {est.per_gpu_gb:.0f} GB per GPU against {budget:.0f} GB usable "
         f"({r.max_memory_fraction:.0%} of resources.gpu_memory_gb={r.gpu_memory_gb:g}) on {gpus} GPU(s).",
         f"  weights {est.weights_gb:.1f} GB + gradients {est.gradients_gb:.1f} GB + AdamW states {est.optimizer_gb:.1f} GB"
@@ -88,10 +88,6 @@ def check_resources(cfg: TrainConfig) -> MemoryEstimate:
     fixes.append("larger GPUs (resources.gpu_memory_gb), or resources.check=false to launch anyway")
     lines.append("  fix: " + "; or ".join(fixes))
     raise ResourceError("\n".join(lines))
-
-
-def m_name(cfg: TrainConfig) -> str:
-    return cfg.model.name
 
 
 def uses_gpu(cfg: TrainConfig) -> bool:
