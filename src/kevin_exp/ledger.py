@@ -16,17 +16,16 @@ from omegaconf import DictConfig, OmegaConf
 from kevin_exp.records import JsonlWriter, git_state, read_jsonl
 
 SWEEP_FILE = "sweep.json"
-# launch settings: they never change results, so relaunching with others still continues the same sweep
-LAUNCH_KEYS = {"resume", "logger", "logger.progress", "cluster", "resources", "hydra.verbose"}
 
 
 class SweepOverwriteError(RuntimeError):
     pass
 
 
-def sweep_identity(task_overrides: list[str], params: dict[str, Any]) -> dict[str, Any]:
-    """What makes two launches the same sweep: the fixed overrides and the swept values."""
-    fixed = sorted(o for o in task_overrides if o.split("=", 1)[0].lstrip("+~") not in LAUNCH_KEYS)
+def sweep_identity(task_overrides: list[str], params: dict[str, Any], launch_keys: set[str]) -> dict[str, Any]:
+    """What makes two launches the same sweep: the fixed overrides and the swept values. ``launch_keys``
+    (the keys job directories ignore) never change results, so relaunching with others continues the sweep."""
+    fixed = sorted(o for o in task_overrides if o.split("=", 1)[0].lstrip("+~") not in launch_keys)
     return {"overrides": fixed, "params": {k: str(v) for k, v in sorted(params.items())}}
 
 
@@ -64,7 +63,9 @@ class SweepLedger(Callback):
             # a named sweep owns its directory; unnamed ones share outputs/sweeps/default, where each job's
             # directory is still a function of its overrides, so no job's records are ever overwritten
             try:
-                claim_sweep_dir(sweep_dir, sweep_identity(list(hydra_cfg.overrides.task), params or {}))
+                launch_keys = set(hydra_cfg.job.config.override_dirname.exclude_keys)
+                identity = sweep_identity(list(hydra_cfg.overrides.task), params or {}, launch_keys)
+                claim_sweep_dir(sweep_dir, identity)
             except SweepOverwriteError as e:
                 # Hydra turns a callback's exceptions into warnings; nothing may be launched, so exit here
                 raise SystemExit(f"error: {e}") from None
