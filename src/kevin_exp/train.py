@@ -23,11 +23,11 @@ register_resolvers()
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
 def main(cfg: DictConfig) -> float:
     typed = to_typed(cfg)
-    run = TrainingRun(typed, config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
-                      resolved=OmegaConf.to_container(cfg, resolve=True))
     try:
         if uses_gpu(typed):
-            check_resources(typed)
+            check_resources(typed)  # before anything is written
+        run = TrainingRun(typed, config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
+                          resolved=OmegaConf.to_container(cfg, resolve=True))
         run.setup()
     except (ResourceError, RunDirInUse, TaskPoolError) as e:
         raise SystemExit(f"error: {e}") from None  # a bad setting: its message names the key and the fix
