@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kevin_exp.bench import BenchConfig, Status
+from kevin_exp.bench import BenchConfig, Status, Verdict
 from kevin_exp.bench.evaluator import EvalItem, Evaluator
 from kevin_exp.tasks import load_builtin
 
@@ -42,7 +42,14 @@ def run(backend: str, n: int, mode: str, tag: str) -> dict:
             warm_s = time.perf_counter() - t0
             items = distinct_items(backend, n, tag)
             t1 = time.perf_counter()
-            verdicts = ev.evaluate(items)
+            done = []
+
+            def progress(v: Verdict) -> None:
+                done.append(v)
+                print(f"  {mode} {len(done)}/{n} at {time.perf_counter() - t1:6.1f} s: {v.problem_id} {v.status.value}, "
+                      f"compile {v.compile_s:.1f} s, run {v.run_s:.1f} s", flush=True)
+
+            verdicts = ev.evaluate(items, on_verdict=progress)
             wall = time.perf_counter() - t1
     counts = Counter(v.status.value for v in verdicts)
     ok = counts.get(Status.OK.value, 0)

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from kevin_exp.bench.build import BuildError, Builder, BuildResult
 from kevin_exp.bench.config import BenchConfig
@@ -73,7 +73,8 @@ class Evaluator:
 
     # ------------------------------------------------------------------ public API
 
-    def evaluate(self, items: Sequence[EvalItem]) -> list[Verdict]:
+    def evaluate(self, items: Sequence[EvalItem], on_verdict: Callable[[Verdict], None] | None = None) -> list[Verdict]:
+        """Verdicts in the order of ``items``; ``on_verdict`` (if given) sees each one as soon as it lands."""
         results: list[Verdict | None] = [None] * len(items)
         run_queue: queue.Queue[_Pending | None] = queue.Queue()
         waiting: list[tuple[_Pending, list[Future]]] = []
@@ -84,6 +85,8 @@ class Evaluator:
                 verdict, pending, futures = self._internal_error(item, exc), None, []
             if verdict is not None:
                 results[index] = verdict
+                if on_verdict is not None:
+                    on_verdict(verdict)
             else:
                 waiting.append((pending, futures))
 
@@ -92,6 +95,8 @@ class Evaluator:
 
         def finish(index: int, verdict: Verdict) -> None:
             results[index] = verdict
+            if on_verdict is not None:
+                on_verdict(verdict)
             remaining.release()
 
         threads = [threading.Thread(target=slot.serve, args=(run_queue, finish), daemon=True) for slot in self._slots]
