@@ -102,7 +102,8 @@ ClusterName=kevin
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmUser=root
 AuthType=auth/munge
-AuthInfo=socket=$MUNGE_SOCK
+# cred_expire also sets how long a requeued job waits before it may start again (default 120 s)
+AuthInfo=socket=$MUNGE_SOCK,cred_expire=20
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/slurmd
 SlurmctldPidFile=$RUN/slurmctld.pid

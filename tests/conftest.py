@@ -20,12 +20,15 @@ def _has_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _has_gpu():
-        return
-    skip = pytest.mark.skip(reason="no CUDA GPU visible on this machine")
+    skips = {}
+    if not _has_gpu():
+        skips["gpu"] = pytest.mark.skip(reason="no CUDA GPU visible on this machine")
+    if shutil.which("sinfo") is None:
+        skips["slurm"] = pytest.mark.skip(reason="no SLURM here (sinfo not found): bash slurm/local-cluster.sh start")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

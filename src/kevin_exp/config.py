@@ -166,7 +166,13 @@ class LoggerConfig:
     kind: str = "jsonl"
     # auto: a live bar on a terminal, plain periodic lines otherwise (SLURM logs)
     progress: str = "auto"
+    # W&B: project, entity (team; null = your default), group (null = the sweep's name), extra tags
     project: str = "kevin-exp"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    # auto: online when an API key is found (WANDB_API_KEY or ~/.netrc), offline otherwise | online | offline | disabled
+    mode: str = "auto"
 
 
 @dataclass
@@ -213,17 +219,23 @@ class TrainConfig:
 
 
 SWEEPS_DIR = Path(__file__).resolve().parents[2] / "sweeps"
+CLUSTER_DIR = Path(__file__).resolve().parents[2] / "slurm"
 
 
 def register_configs() -> None:
-    """Schemas for every group, and the files of ``sweeps/`` as the ``sweep`` group (they live beside ``conf/``
-    so the paper's ablations are easy to find, and are registered here so they work from any directory)."""
+    """Schemas for every group; the files of ``sweeps/`` as the ``sweep`` group and the SLURM profiles of
+    ``slurm/`` as the ``cluster`` group (they live beside ``conf/`` so the paper's ablations and the cluster
+    settings are easy to find, and are registered here so they work from any directory). ``cluster=local``
+    (the default) keeps Hydra's own launcher: the sweep runs on this machine."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     cs = ConfigStore.instance()
     for path in sorted(SWEEPS_DIR.glob("*.yaml")):
         cs.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
+    cs.store(group="cluster", name="local", node={}, package="_global_")
+    for path in sorted(CLUSTER_DIR.glob("*.yaml")):
+        cs.store(group="cluster", name=path.stem, node=OmegaConf.load(path), package="_global_")
     cs.store(name="train_schema", node=TrainConfig)
     for group, node in (
         ("model", ModelConfig),

@@ -118,15 +118,18 @@ class RunRecords:
             if w is not None:
                 w.close()
 
-    def write_provenance(self, resolved_config: dict[str, Any], config_yaml: str) -> None:
+    def write_provenance(self, resolved_config: dict[str, Any], config_yaml: str, start_step: int = 0) -> None:
         (self.run_dir / "config.yaml").write_text(config_yaml)
         (self.run_dir / "config.json").write_text(json.dumps(resolved_config, indent=1, default=str))
         meta_path = self.run_dir / "meta.json"
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"starts": []}
         meta.update(git=git_state(), versions=versions(), host=socket.gethostname(), python=sys.version.split()[0],
                     platform=platform.platform(), run_id=run_id_for(self.run_dir))
-        meta["starts"].append({"time": time.time(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-                               "slurm_array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"), "argv": sys.argv})
+        # one entry per start: a requeued SLURM job shows the same job id with a higher restart count
+        meta["starts"].append({"time": time.time(), "start_step": start_step, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+                               "slurm_array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
+                               "slurm_array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
+                               "slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0")), "argv": sys.argv})
         meta_path.write_text(json.dumps(meta, indent=1))
 
 

@@ -6,10 +6,14 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from kevin_exp.config import register_configs, to_typed
+from kevin_exp.config import TrainConfig, register_configs, to_typed
 from kevin_exp.hydra_resolvers import register_resolvers
 from kevin_exp.resources import ResourceError, check_resources, uses_gpu
 from kevin_exp.summary import print_summary
@@ -20,6 +24,14 @@ register_configs()
 register_resolvers()
 
 
+def sweep_group(cfg: TrainConfig) -> str | None:
+    """A sweep's name (its runs share a W&B group): sweep_name, or the sweep directory's name."""
+    hc = HydraConfig.get()
+    if cfg.sweep_name or hc.mode != RunMode.MULTIRUN:
+        return cfg.sweep_name
+    return Path(hc.sweep.dir).name
+
+
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
 def main(cfg: DictConfig) -> float:
     typed = to_typed(cfg)
@@ -27,7 +39,7 @@ def main(cfg: DictConfig) -> float:
         if uses_gpu(typed):
             check_resources(typed)  # before anything is written
         run = TrainingRun(typed, config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
-                          resolved=OmegaConf.to_container(cfg, resolve=True))
+                          resolved=OmegaConf.to_container(cfg, resolve=True), sweep=sweep_group(typed))
         run.setup()
     except (ResourceError, RunDirInUse, TaskPoolError) as e:
         raise SystemExit(f"error: {e}") from None  # a bad setting: its message names the key and the fix

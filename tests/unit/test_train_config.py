@@ -115,3 +115,35 @@ def test_every_sweep_file_composes_and_names_itself(sweep):
         # every swept value must itself compose
         for value in str(values).split(","):
             compose_train([f"{key}={value}"])
+
+
+@pytest.mark.parametrize("profile", ["local", *sorted(p.stem for p in (REPO / "slurm").glob("*.yaml"))])
+def test_every_cluster_profile_composes_with_the_resources_it_submits(profile):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from kevin_exp.config import register_configs
+    from kevin_exp.hydra_resolvers import register_resolvers
+
+    register_configs()
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"cluster={profile}", "resources=h200x8", "run_dir=unused"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    if profile == "local":
+        assert launcher._target_ == "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+        return
+    assert launcher._target_.endswith("CheckedSlurmLauncher")
+    resolved = OmegaConf.to_container(launcher, resolve=False)
+    assert resolved["gpus_per_node"] == "${resources.gpus_per_node}" and cfg.resources.gpus_per_node == 8
+    assert launcher.max_num_timeout > 0, "a job must be requeued on its time limit to resume"
+    assert launcher.signal_delay_s >= 60
+
+
+def test_the_launcher_plugin_is_discovered_by_hydra():
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.launcher import Launcher
+
+    names = {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Launcher)}
+    assert "hydra_plugins.kevin_exp_launcher.checked_slurm.CheckedSlurmLauncher" in names

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from kevin_exp.config import TrainConfig
+from kevin_exp.metric_logger import build_metric_logger
 from kevin_exp.progress import Progress
 from kevin_exp.records import RunRecords, run_id_for
 from kevin_exp.rl.credit import turn_credit
@@ -35,6 +36,7 @@ from kevin_exp.tasks import Problem
 from kevin_exp.trainer.checkpoint import Checkpointer
 from kevin_exp.trainer.learner import Learner, LearnerSample
 from kevin_exp.trainer.setup import build_environment, load_task_pool, resolve_device
+from kevin_exp.trainer.signals import signals_held
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,10 @@ def is_not_okay(text: str, opening: str) -> bool:
 
 
 class TrainingRun:
-    def __init__(self, cfg: TrainConfig, config_yaml: str = "", resolved: dict[str, Any] | None = None) -> None:
+    def __init__(self, cfg: TrainConfig, config_yaml: str = "", resolved: dict[str, Any] | None = None,
+                 sweep: str | None = None) -> None:
         self.cfg = cfg
+        self.sweep = sweep or cfg.sweep_name
         self.run_dir = Path(cfg.run_dir).resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id_for(self.run_dir)
@@ -102,8 +106,10 @@ class TrainingRun:
         dropped = self.records.resume_at(self.start_step - 1)
         if dropped:
             log.info("dropped %d rows written after the last checkpoint; their steps run again", dropped)
-        self.records.write_provenance(self._resolved, self._config_yaml)
+        self.records.write_provenance(self._resolved, self._config_yaml, self.start_step)
         self.records.open()
+        self.metric_logger = build_metric_logger(cfg.logger, self.run_dir, self.run_id, experiment=cfg.experiment,
+                                                 sweep=self.sweep, config=self._resolved)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> list[dict[str, Any]]:
@@ -116,11 +122,14 @@ class TrainingRun:
                 metrics = self.train_step(step, progress)
                 history.append(metrics)
                 progress.step(metrics)
+                self.metric_logger.log(metrics)
                 if (step + 1) % cfg.trainer.checkpoint_every == 0 or step + 1 == cfg.steps:
-                    self.checkpointer.save(step, self.policy.model, self.learner.optimizer, self.learner.scheduler,
-                                           {"run_id": self.run_id})
+                    with signals_held():
+                        self.checkpointer.save(step, self.policy.model, self.learner.optimizer, self.learner.scheduler,
+                                               {"run_id": self.run_id})
         finally:
             progress.close()
+            self.metric_logger.close()
             self.records.close()
             self.env.close()
         return history

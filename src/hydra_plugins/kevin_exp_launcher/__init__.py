@@ -1,0 +1,1 @@
+"""kevin-exp's Hydra plugins: the SLURM launcher with pre-submission checks."""

@@ -1,0 +1,104 @@
+"""Sweeps through a real SLURM cluster (slurm/local-cluster.sh in CI): one job per point via submitit, and a
+job that SLURM signals for preemption is requeued and resumes with every row once.
+
+Skipped where no `sinfo` exists; CI starts the local cluster first.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kevin_exp.records import read_jsonl
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+TIMING_KEYS = {"generate_s", "evaluate_s", "evaluate_wait_s", "train_s", "step_s", "run_id"}
+
+
+def _train(*args: str, **kw) -> list[str]:
+    return [sys.executable, "-m", "kevin_exp.train", *args]
+
+
+def _slurm_job_ids(sweep_dir: Path) -> list[str]:
+    return sorted(p.name for p in (sweep_dir / ".submitit").iterdir() if p.is_dir())
+
+
+def _sacct_states(job_id: str) -> list[str]:
+    out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State"], capture_output=True,
+                         text=True, check=True).stdout
+    return [line.split("|")[1] for line in out.splitlines() if line]
+
+
+def test_a_gamma_sweep_runs_as_three_slurm_jobs_with_their_own_records(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        _train("-m", "gamma=0.0,0.4,1.0", "cluster=local_slurm", "resources=cpu", "experiment=cpu_smoke", "steps=2",
+               "tasks_per_step=1", "rollout.max_new_tokens=16", f"hydra.sweep.dir={sweep}",
+               f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl"),
+        cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Submitit 'slurm' sweep output dir" in proc.stdout
+    seen_jobs = set()
+    for gamma in (0.0, 0.4, 1.0):
+        [job] = sweep.glob(f"*gamma={gamma},*")
+        turns, metrics = read_jsonl(job / "turns.jsonl"), read_jsonl(job / "metrics.jsonl")
+        assert [m["step"] for m in metrics] == [0, 1]
+        assert len(turns) == 2 * 1 * 2 * 2 and {t["gamma"] for t in turns} == {gamma}
+        assert {t["backend"] for t in turns} == {"cpu"}
+        [start] = json.loads((job / "meta.json").read_text())["starts"]
+        assert start["slurm_job_id"] and start["slurm_array_task_id"] in {"0", "1", "2"}
+        seen_jobs.add(start["slurm_job_id"])
+    assert len(seen_jobs) == 3  # one SLURM job per point
+    [array_job] = {j.split("_")[0] for j in _slurm_job_ids(sweep)}
+    assert _sacct_states(array_job) == ["COMPLETED"] * 3
+
+
+SYNTHETIC = ["model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=lines", "steps=6",
+             "n_trajectories=3", "n_turns=2", "tasks_per_step=2", "rollout.max_new_tokens=8", "trainer.lr=1e-3"]
+
+
+def _strip(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+
+
+def test_a_preempted_job_checkpoints_is_requeued_and_resumes_with_every_row_once(tmp_path):
+    straight = tmp_path / "straight"
+    subprocess.run(_train(*SYNTHETIC, f"hydra.run.dir={straight}"), cwd=REPO, check=True, capture_output=True,
+                   timeout=600)
+
+    sweep = tmp_path / "sweep"
+    launcher = subprocess.Popen(
+        _train("-m", "gamma=0.4", "cluster=local_slurm", "resources=cpu", *SYNTHETIC, f"hydra.sweep.dir={sweep}",
+               f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl"),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        metrics = []
+        while launcher.poll() is None and time.monotonic() < deadline:
+            metrics = [read_jsonl(p) for p in sweep.glob("gamma=*/metrics.jsonl")]
+            if metrics and len(metrics[0]) >= 2:
+                break
+            time.sleep(0.1)
+        assert metrics and 2 <= len(metrics[0]) < 6, "the job finished (or never started) before it could be signalled"
+        [job_id] = _slurm_job_ids(sweep)
+        # what SLURM sends before a time limit or a preemption (hydra.launcher.signal_delay_s)
+        subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+        out, _ = launcher.communicate(timeout=600)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, out[-4000:]
+
+    [job] = sweep.glob("gamma=*")
+    starts = json.loads((job / "meta.json").read_text())["starts"]
+    assert [s["slurm_restart_count"] for s in starts] == [0, 1], starts  # requeued once, same SLURM job
+    assert starts[0]["slurm_job_id"] == starts[1]["slurm_job_id"] and starts[1]["start_step"] >= 1
+    log = next((sweep / ".submitit" / job_id).glob("*_log.err")).read_text()
+    assert "Caught signal SIGUSR2" in log and "Requeued job" in log or "requeue" in log.lower()
+    assert _strip(read_jsonl(job / "turns.jsonl")) == _strip(read_jsonl(straight / "turns.jsonl"))
+    assert _strip(read_jsonl(job / "metrics.jsonl")) == _strip(read_jsonl(straight / "metrics.jsonl"))
