@@ -133,7 +133,9 @@ class TasksConfig:
     # a KernelBench checkout (suite=kernelbench)
     kernelbench_path: Optional[str] = None
     levels: list[int] = field(default_factory=lambda: [1, 2])
-    # explicit task ids (empty: every task of the levels)
+    # all | kevin_train (KernelBench levels 1-2 minus the held-out 20) | kevin_holdout (those 20)
+    split: str = "all"
+    # explicit task ids (empty: every task of the levels and split)
     ids: list[str] = field(default_factory=list)
 
 
@@ -193,6 +195,16 @@ class ResourcesConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Held-out evaluation (python -m kevin_exp.evaluate): Kevin evaluates 16 parallel trajectories x 8 turns."""
+
+    n_trajectories: int = 16
+    n_turns: int = 8
+    # tasks rolled out together (bounded by generation memory); every task is evaluated
+    tasks_per_batch: int = 2
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -216,6 +228,10 @@ class TrainConfig:
     run_dir: str = "."
     experiment: Optional[str] = None
     sweep_name: Optional[str] = None
+    # python -m kevin_exp.evaluate: the policy to evaluate (a run dir, or one of its checkpoints/step_NNNNNN;
+    # null: the model's own weights) and how
+    checkpoint: Optional[str] = None
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 SWEEPS_DIR = Path(__file__).resolve().parents[2] / "sweeps"

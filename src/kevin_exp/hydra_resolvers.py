@@ -26,7 +26,12 @@ def first_set(value: Any, fallback: Any) -> Any:
     return fallback if value in (None, "") else value
 
 
+def heldout_split(suite: str) -> str:
+    """The split an evaluation uses by default: Kevin's 20 held-out tasks of KernelBench; all of another suite."""
+    return "kevin_holdout" if suite == "kernelbench" else "all"
+
+
 def register_resolvers() -> None:
-    for name, fn in (("kx.job_dir", job_dir), ("kx.or", first_set)):
+    for name, fn in (("kx.job_dir", job_dir), ("kx.or", first_set), ("kx.heldout_split", heldout_split)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

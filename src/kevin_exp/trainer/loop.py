@@ -103,13 +103,16 @@ class TrainingRun:
             state = self.checkpointer.load(latest, self.policy.model, self.learner.optimizer, self.learner.scheduler)
             self.start_step = state["step"] + 1
             log.info("resuming %s from %s (step %d done)", self.run_dir, latest.name, state["step"] + 1)
-        dropped = self.records.resume_at(self.start_step - 1)
-        if dropped:
-            log.info("dropped %d rows written after the last checkpoint; their steps run again", dropped)
+        self.drop_unfinished_rows()
         self.records.write_provenance(self._resolved, self._config_yaml, self.start_step)
         self.records.open()
         self.metric_logger = build_metric_logger(cfg.logger, self.run_dir, self.run_id, experiment=cfg.experiment,
                                                  sweep=self.sweep, config=self._resolved)
+
+    def drop_unfinished_rows(self) -> None:
+        dropped = self.records.resume_at(self.start_step - 1)
+        if dropped:
+            log.info("dropped %d rows written after the last checkpoint; their steps run again", dropped)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> list[dict[str, Any]]:

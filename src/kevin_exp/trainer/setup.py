@@ -7,6 +7,7 @@ import torch
 
 from kevin_exp.config import TasksConfig, TrainConfig
 from kevin_exp.tasks import Problem, load_builtin, load_kernelbench, select
+from kevin_exp.tasks.splits import apply_split
 
 
 def resolve_device(name: str) -> torch.device:
@@ -35,10 +36,14 @@ def load_task_pool(cfg: TasksConfig) -> list[Problem]:
         pool = load_kernelbench(cfg.kernelbench_path, cfg.levels)
     else:
         raise TaskPoolError(f"tasks.suite={cfg.suite!r}: expected builtin or kernelbench")
+    try:
+        pool = apply_split(pool, cfg.split)
+    except ValueError as e:
+        raise TaskPoolError(str(e)) from None
     if cfg.ids:
         pool = select(pool, cfg.ids)
     if not pool:
-        raise TaskPoolError(f"no tasks selected (tasks.suite={cfg.suite}, levels={list(cfg.levels)}, ids={list(cfg.ids)})")
+        raise TaskPoolError(f"no tasks selected (tasks.suite={cfg.suite}, levels={list(cfg.levels)}, split={cfg.split}, ids={list(cfg.ids)})")
     return pool
 
 

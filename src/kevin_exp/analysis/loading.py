@@ -1,0 +1,112 @@
+"""Turns command-line arguments (run directories, sweep directories, sweep names from the ledger) into runs:
+each run's flattened config and its ``turns.jsonl`` / ``metrics.jsonl`` rows."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from kevin_exp.ledger import ledger_entries
+from kevin_exp.records import read_jsonl
+
+DEFAULT_LEDGER = Path("outputs/ledger.jsonl")
+
+# Used only when a run has no config.json: the turn-row columns that copy the run's config.
+CONFIG_COLUMNS = ("gamma", "n_turns", "n_trajectories", "tasks_per_step", "normalization", "aggregation",
+                  "estimator", "model", "seed", "experiment")
+
+
+class NoRunsFound(ValueError):
+    """An argument named nothing that holds runs."""
+
+
+@dataclass(frozen=True)
+class Run:
+    run_dir: Path
+    config: dict[str, Any]
+    """The resolved config, flattened to dotted keys (``algorithm.gamma``); lists are JSON strings."""
+    rows: pd.DataFrame
+    """``turns.jsonl``: one row per (step, task, trajectory, turn)."""
+    metrics: pd.DataFrame
+    """``metrics.jsonl``: one row per training step (empty when the file is missing)."""
+
+    @property
+    def seed(self) -> Any:
+        return self.config.get("seed")
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+
+def flatten_config(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in nested.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten_config(value, dotted + "."))
+        elif isinstance(value, (list, dict)):
+            flat[dotted] = json.dumps(value, sort_keys=True)  # hashable, so runs can be grouped on it
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _config_from_rows(rows: pd.DataFrame) -> dict[str, Any]:
+    config = {}
+    for column in CONFIG_COLUMNS:
+        if column in rows and rows[column].nunique(dropna=False) == 1:
+            value = rows[column].iloc[0]
+            config[column] = value.item() if hasattr(value, "item") else value
+    return config
+
+
+def load_run(run_dir: Path) -> Run:
+    rows = pd.DataFrame(read_jsonl(run_dir / "turns.jsonl"))
+    metrics = pd.DataFrame(read_jsonl(run_dir / "metrics.jsonl"))
+    config_path = run_dir / "config.json"
+    if config_path.is_file():
+        config = flatten_config(json.loads(config_path.read_text()))
+    else:
+        config = _config_from_rows(rows)
+    return Run(run_dir=run_dir, config=config, rows=rows, metrics=metrics)
+
+
+def _runs_under(directory: Path) -> list[Path]:
+    return sorted(d for d in directory.iterdir() if d.is_dir() and (d / "turns.jsonl").is_file())
+
+
+def run_dirs_for(argument: str, ledger: Path = DEFAULT_LEDGER) -> list[Path]:
+    """A run directory, a sweep directory (its depth-1 subfolders holding turns.jsonl), or a sweep name whose
+    ledger entries give its sweep directory."""
+    path = Path(argument)
+    if path.is_dir():
+        if (path / "turns.jsonl").is_file():
+            return [path]
+        runs = _runs_under(path)
+        if not runs:
+            raise NoRunsFound(f"{argument}: a directory with no turns.jsonl and no subfolder holding one")
+        return runs
+    entries = ledger_entries(ledger, sweep_name=argument)
+    if not entries:
+        raise NoRunsFound(f"{argument}: not a run directory, not a sweep directory, and no sweep of that name in "
+                          f"the ledger {ledger}")
+    sweep_dirs = list(dict.fromkeys(Path(e["sweep_dir"]) for e in entries if e.get("sweep_dir")))
+    runs = [run for d in sweep_dirs if d.is_dir() for run in _runs_under(d)]
+    if not runs:
+        raise NoRunsFound(f"{argument}: the ledger {ledger} puts this sweep in "
+                          f"{', '.join(map(str, sweep_dirs))}, which holds no run (no */turns.jsonl)")
+    return runs
+
+
+def load_runs(arguments: Iterable[str], ledger: Path = DEFAULT_LEDGER) -> list[Run]:
+    dirs: list[Path] = []
+    for argument in arguments:
+        dirs.extend(run_dirs_for(argument, ledger))
+    unique = list(dict.fromkeys(d.resolve() for d in dirs))
+    if not unique:
+        raise NoRunsFound("no run directory, sweep directory or sweep name given")
+    return [load_run(d) for d in unique]
