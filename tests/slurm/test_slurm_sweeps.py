@@ -102,3 +102,25 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_with_every_row_once
     assert "Caught signal SIGUSR2" in log and "Requeued job" in log or "requeue" in log.lower()
     assert _strip(read_jsonl(job / "turns.jsonl")) == _strip(read_jsonl(straight / "turns.jsonl"))
     assert _strip(read_jsonl(job / "metrics.jsonl")) == _strip(read_jsonl(straight / "metrics.jsonl"))
+
+
+def test_an_evaluation_sweep_runs_through_slurm_like_training(tmp_path):
+    trained = tmp_path / "trained"
+    subprocess.run(_train("model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=none",
+                          "steps=1", "n_trajectories=2", "n_turns=1", "rollout.max_new_tokens=4",
+                          f"hydra.run.dir={trained}"), cwd=REPO, check=True, capture_output=True, timeout=600)
+    sweep = tmp_path / "evals"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kevin_exp.evaluate", "-m", "cluster=local_slurm", "resources=cpu", "model=tiny",
+         "rollout.env=synthetic", "rollout.overlap=false", "rollout.max_new_tokens=4", f"checkpoint={trained}",
+         "tasks.ids=[builtin/level1/1,builtin/level2/1]", "eval.n_trajectories=2", "eval.n_turns=1,2",
+         f"hydra.sweep.dir={sweep}", f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    jobs = [p for p in sweep.iterdir() if (p / "turns.jsonl").is_file()]
+    by_turns = {json.loads((j / "config.json").read_text())["eval"]["n_turns"]: j for j in jobs}
+    assert sorted(by_turns) == [1, 2]
+    for turns, job in by_turns.items():
+        rows = read_jsonl(job / "turns.jsonl")
+        assert len(rows) == 2 * 2 * turns and {r["split"] for r in rows} == {"eval"}
+        assert json.loads((job / "meta.json").read_text())["starts"][0]["slurm_job_id"]
