@@ -26,31 +26,21 @@ log = logging.getLogger(__name__)
 
 
 def eval_summary_lines(run_dir: Path) -> list[str]:
-    """Kevin's headline numbers from the rows: a trajectory counts its fastest correct kernel (0x if none);
-    best@k takes the best trajectory of a task, avg@k their mean; both averaged over tasks."""
-    rows = [r for r in read_jsonl(run_dir / "turns.jsonl") if r.get("split") == "eval"]
-    trajectories: dict[tuple[str, int], float | None] = {}
-    for r in rows:
-        key = (r["task_id"], r["trajectory"])
-        best = trajectories.get(key)
-        if r["correct"]:
-            speedup = float(r["speedup"] or 0.0)
-            trajectories[key] = speedup if best is None else max(best, speedup)
-        else:
-            trajectories.setdefault(key, best)
-    tasks = sorted({t for t, _ in trajectories})
-    if not tasks:
+    """Kevin's headline numbers for this evaluation (analysis/ablation_table.py gives the full tables)."""
+    import pandas as pd
+
+    from kevin_exp.analysis import task_scores, trajectory_scores
+
+    rows = pd.DataFrame([r for r in read_jsonl(run_dir / "turns.jsonl") if r.get("split") == "eval"])
+    if rows.empty:
         return [f"records: {run_dir}", "no task has been evaluated yet"]
-    by_task = {t: [v for (task, _), v in trajectories.items() if task == t] for t in tasks}
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    corr_best = mean([float(any(v is not None for v in vs)) for vs in by_task.values()])
-    corr_avg = mean([mean([float(v is not None) for v in vs]) for vs in by_task.values()])
-    perf_best = mean([max(v or 0.0 for v in vs) for vs in by_task.values()])
-    perf_avg = mean([mean([v or 0.0 for v in vs]) for vs in by_task.values()])
-    k = max(len(vs) for vs in by_task.values())
-    return [f"records: {run_dir}", f"  turns.jsonl   {len(rows)} rows (split=eval), {len(tasks)} tasks x {k} trajectories",
-            f"correctness best@{k} {corr_best:.1%}, avg@{k} {corr_avg:.1%}; "
-            f"mean speedup best@{k} {perf_best:.2f}x, avg@{k} {perf_avg:.2f}x",
+    trajectories = trajectory_scores(rows.assign(block=rows["step"]))
+    k = int(trajectories.groupby("task_id").size().max())
+    corr, perf = task_scores(trajectories, "correct"), task_scores(trajectories, "perf")
+    return [f"records: {run_dir}",
+            f"  turns.jsonl   {len(rows)} rows (split=eval), {rows['task_id'].nunique()} tasks x {k} trajectories",
+            f"correctness best@{k} {corr['best'].mean():.1%}, avg@{k} {corr['avg'].mean():.1%}; "
+            f"mean speedup best@{k} {perf['best'].mean():.2f}x, avg@{k} {perf['avg'].mean():.2f}x",
             "tables and plots: python analysis/ablation_table.py <this dir>"]
 
 
