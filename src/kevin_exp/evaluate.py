@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from kevin_exp.config import register_configs, to_typed
 from kevin_exp.evaluation import CheckpointError, EvaluationRun, eval_summary_lines
 from kevin_exp.hydra_resolvers import register_resolvers
+from kevin_exp.models.loading import ModelConfigError
 from kevin_exp.resources import ResourceError, check_resources, uses_gpu
 from kevin_exp.train import sweep_group
 from kevin_exp.trainer.loop import RunDirInUse
@@ -31,7 +32,7 @@ def main(cfg: DictConfig) -> None:
         run = EvaluationRun(typed, config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
                             resolved=OmegaConf.to_container(cfg, resolve=True), sweep=sweep_group(typed))
         run.setup()
-    except (ResourceError, RunDirInUse, TaskPoolError, CheckpointError) as e:
+    except (ResourceError, RunDirInUse, TaskPoolError, ModelConfigError, CheckpointError) as e:
         raise SystemExit(f"error: {e}") from None
     run.fit()
     print("\n".join(eval_summary_lines(run.run_dir)), flush=True)

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kevin_exp.config import TrainConfig, to_typed
+from kevin_exp.models.loading import ModelConfigError, check_model_path
 from kevin_exp.resources import ResourceError, check_resources
 
 
@@ -60,6 +61,10 @@ def check_points(points: Sequence[tuple[Sequence[str], TrainConfig]], launcher_g
         problems.append("the points ask for different resources (nodes, GPUs, cores, memory), but one launch submits "
                         "one job shape: launch each resources= choice as its own sweep")
     for overrides, cfg in points:
+        try:
+            check_model_path(cfg.model)
+        except ModelConfigError as e:
+            problems.append(f"point [{' '.join(overrides) or 'no overrides'}]: {e}")
         if cfg.resources.gpus_per_node <= 0 and not launcher_gpus:
             continue
         try:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kevin_exp.config import TrainConfig, register_configs, to_typed
 from kevin_exp.hydra_resolvers import register_resolvers
+from kevin_exp.models.loading import ModelConfigError
 from kevin_exp.resources import ResourceError, check_resources, uses_gpu
 from kevin_exp.summary import print_summary
 from kevin_exp.trainer.loop import RunDirInUse, TrainingRun
@@ -41,7 +42,7 @@ def main(cfg: DictConfig) -> float:
         run = TrainingRun(typed, config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
                           resolved=OmegaConf.to_container(cfg, resolve=True), sweep=sweep_group(typed))
         run.setup()
-    except (ResourceError, RunDirInUse, TaskPoolError) as e:
+    except (ResourceError, RunDirInUse, TaskPoolError, ModelConfigError) as e:
         raise SystemExit(f"error: {e}") from None  # a bad setting: its message names the key and the fix
     run.fit()
     return print_summary(run.run_dir)

