@@ -129,12 +129,26 @@ def test_verdict_round_trips_through_json(evaluator):
     assert dataclasses.asdict(v)["status"] is Status.OK
 
 
+def test_a_run_slot_keeps_its_standby_workers_starting_and_a_dead_one_is_replaced(build_cache):
+    config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, cache_dir=build_cache, standby_workers=2)
+    with Evaluator(config) as ev:
+        slot = ev._slots[0]
+        [v] = ev.evaluate([item("ok")])
+        assert v.status is Status.OK, v.reason
+        assert len(slot._standby) == 2 and all(w.alive() for w in slot._standby)
+        first = slot._standby[0]
+        first.close()  # a standby that died while waiting is skipped, not handed a candidate
+        verdicts = ev.evaluate([item("ok"), item("wrong")])
+        assert [v.status for v in verdicts] == [Status.OK, Status.INCORRECT]
+        assert len(slot._standby) == 2 and first not in slot._standby
+
+
 def test_closing_one_evaluator_leaves_another_evaluators_workers_alone(evaluator, build_cache):
     """Workers of different evaluators never share a sandbox uid, so one's clean-up cannot kill the other's."""
     [v] = evaluator.evaluate([item("ok")])
     assert v.status is Status.OK, v.reason
-    standby = evaluator._slots[0]._standby
-    assert standby is not None and standby.alive()
+    [standby] = evaluator._slots[0]._standby
+    assert standby.alive()
     config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, cache_dir=build_cache)
     with Evaluator(config) as other:
         [w] = other.evaluate([item("segfault")])

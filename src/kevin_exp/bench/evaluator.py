@@ -19,6 +19,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 import dataclasses
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -314,11 +315,26 @@ class Evaluator:
 
 
 class _RunSlot:
-    """A run slot owns one device (or CPU share) and a warm standby worker."""
+    """A run slot owns one device (or CPU share) and runs one candidate at a time, each in a fresh worker;
+    a few workers keep starting up meanwhile, so a worker's cold start is not paid per candidate."""
 
     def __init__(self, evaluator: Evaluator, index: int, device: str | None) -> None:
         self.ev, self.index, self.device = evaluator, index, device
-        self._standby: WorkerProcess | None = None
+        cfg = evaluator.config
+        self.n_standby = cfg.standby_workers or (3 if cfg.backend == "cuda" else 1)
+        self._standby: deque[WorkerProcess] = deque()
+
+    def _take(self) -> WorkerProcess:
+        while self._standby:
+            worker = self._standby.popleft()
+            if worker.alive():
+                return worker
+            worker.close()
+        return self._spawn()
+
+    def _top_up(self) -> None:
+        while len(self._standby) < self.n_standby:
+            self._standby.append(self._spawn())
 
     def _spawn(self) -> WorkerProcess:
         cfg = self.ev.config
@@ -349,13 +365,14 @@ class _RunSlot:
 
     def _run(self, pending: _Pending) -> Verdict:
         while True:
-            worker = self._standby if self._standby is not None and self._standby.alive() else self._spawn()
-            self._standby = None
+            worker = self._take()
+            if self.ev.config.backend == "cuda":
+                self._top_up()  # the next ones start while this one runs (on CPU they would take the timed run's cores)
             t0 = time.monotonic()
             outcome = worker.run(self.ev.job_for(pending), self.ev.config.run_timeout_s)
             run_s = time.monotonic() - t0
             worker.close()
-            self._standby = self._spawn()  # warm up the next one while the caller carries on
+            self._top_up()
             need = (outcome.result or {}).get("needs_build")
             if need is None:
                 return self.ev.verdict_from_run(pending, outcome, run_s)
@@ -368,9 +385,8 @@ class _RunSlot:
                 return verdict
 
     def close(self) -> None:
-        if self._standby is not None:
-            self._standby.close()
-            self._standby = None
+        while self._standby:
+            self._standby.popleft().close()
 
 
 def _make_world_readable(root: Path, so_path: Path) -> None:
