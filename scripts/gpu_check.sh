@@ -32,6 +32,7 @@ if [[ $stage == tests || $stage == all ]]; then
   fi
 fi
 if [[ $stage == bench || $stage == all ]]; then
-  $py benchmarks/compile_speed.py --backend cuda --n 3 2>&1 | tee "$out/compile-speed.txt"
+  # throughput first: it is the figure the evaluator's issue asks for
   $py benchmarks/eval_throughput.py --backend cuda --n 32 --torch-n 4 2>&1 | tee "$out/throughput.txt"
+  $py benchmarks/compile_speed.py --backend cuda --n 3 2>&1 | tee "$out/compile-speed.txt"
 fi
