@@ -124,3 +124,26 @@ def test_an_evaluation_sweep_runs_through_slurm_like_training(tmp_path):
         rows = read_jsonl(job / "turns.jsonl")
         assert len(rows) == 2 * 2 * turns and {r["split"] for r in rows} == {"eval"}
         assert json.loads((job / "meta.json").read_text())["starts"][0]["slurm_job_id"]
+
+
+def test_a_job_reaching_its_time_limit_is_requeued_and_finishes_with_every_row_once(tmp_path):
+    """The real time-limit signal: a 1-minute limit with USR2 55 s before it (SLURM checks limits every ~30 s,
+    so it lands 5-35 s into each attempt); the job needs several attempts and every step is recorded once."""
+    sweep = tmp_path / "sweep"
+    steps = 200
+    proc = subprocess.run(
+        _train("-m", "gamma=0.4", "cluster=local_slurm", "resources=cpu", *SYNTHETIC, f"steps={steps}",
+               "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=55", f"hydra.sweep.dir={sweep}",
+               f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl"),
+        cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [job] = sweep.glob("gamma=*")
+    starts = json.loads((job / "meta.json").read_text())["starts"]
+    assert len(starts) >= 2 and [s["slurm_restart_count"] for s in starts] == list(range(len(starts)))
+    assert [s["start_step"] for s in starts] == sorted(s["start_step"] for s in starts)
+    turns = read_jsonl(job / "turns.jsonl")
+    keys = [(r["step"], r["task_id"], r["trajectory"], r["turn"]) for r in turns]
+    assert len(keys) == len(set(keys)) == steps * 2 * 3 * 2
+    assert [m["step"] for m in read_jsonl(job / "metrics.jsonl")] == list(range(steps))
+    log = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.err"))
+    assert "this job is timed-out" in log
