@@ -127,13 +127,14 @@ def test_an_evaluation_sweep_runs_through_slurm_like_training(tmp_path):
 
 
 def test_a_job_reaching_its_time_limit_is_requeued_and_finishes_with_every_row_once(tmp_path):
-    """The real time-limit signal: a 1-minute limit with USR2 55 s before it (SLURM checks limits every ~30 s,
-    so it lands 5-35 s into each attempt); the job needs several attempts and every step is recorded once."""
+    """The real time-limit signal: a 2-minute limit with USR2 55 s before it (SLURM checks limits every ~30 s
+    and signals up to one period early, so it lands 35-65 s into each attempt); the job needs several
+    attempts and every step is recorded once."""
     sweep = tmp_path / "sweep"
-    steps = 200
+    steps = 300
     proc = subprocess.run(
         _train("-m", "gamma=0.4", "cluster=local_slurm", "resources=cpu", *SYNTHETIC, f"steps={steps}",
-               "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=55", f"hydra.sweep.dir={sweep}",
+               "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=55", f"hydra.sweep.dir={sweep}",
                f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl"),
         cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
