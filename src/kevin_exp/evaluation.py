@@ -18,9 +18,8 @@ import torch
 from kevin_exp.config import TrainConfig
 from kevin_exp.progress import Progress
 from kevin_exp.records import read_jsonl
-from kevin_exp.rl.credit import turn_credit
 from kevin_exp.rollout.loop import RolloutSettings, run_rollout
-from kevin_exp.trainer.loop import TrainingRun, step_seed
+from kevin_exp.trainer.loop import TrainingRun, assign_credit, step_seed
 
 log = logging.getLogger(__name__)
 
@@ -121,15 +120,9 @@ class EvaluationRun(TrainingRun):
                 seed = step_seed(cfg.seed, sum(self.pool.index(t) for t in batch))
                 samples, times = run_rollout(batch, self.generator, self.env, self.encode_prompt, self.count_tokens,
                                              settings, seed=seed, on_turn=lambda turn, group, s: progress.turn(b, turn, 0, s))
-                algo = cfg.algorithm
-                returns, advantages = turn_credit(
-                    [s.result.score for s in samples], [s.task.problem_id for s in samples],
-                    [s.trajectory for s in samples], [s.turn for s in samples], algo.gamma, algo.aggregation,
-                    algo.estimator, algo.scale_by_std)
-                rows = []
-                for s, r, a in zip(samples, returns, advantages):
-                    s.ret, s.advantage = r, a
-                    rows.append({**self.turn_row(self.policy_step, s), "split": "eval", "checkpoint": self.checkpoint_path})
+                assign_credit(samples, cfg.algorithm)
+                rows = [{**self.turn_row(self.policy_step, s), "split": "eval", "checkpoint": self.checkpoint_path}
+                        for s in samples]
                 self.records.append_turns(rows)
                 correct = sum(s.result.correct for s in samples) / max(1, len(samples))
                 summaries.append({"batch": b, "tasks": [t.problem_id for t in batch], "correct_ratio": correct,

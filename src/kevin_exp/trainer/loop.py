@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kevin_exp.config import TrainConfig
+from kevin_exp.config import AlgorithmConfig, TrainConfig
 from kevin_exp.metric_logger import build_metric_logger
 from kevin_exp.progress import Progress
 from kevin_exp.records import RunRecords, run_id_for
@@ -48,6 +48,16 @@ class RunDirInUse(RuntimeError):
 def pick_tasks(pool: list[Problem], k: int, seed: int, step: int) -> list[Problem]:
     rng = random.Random(f"{seed}/{step}")
     return rng.sample(pool, min(k, len(pool)))
+
+
+def assign_credit(samples: list[TurnSample], algo: AlgorithmConfig) -> None:
+    """Each sample's discounted return and group-normalised advantage (Kevin's per-turn credit)."""
+    returns, advantages = turn_credit(
+        [s.result.score for s in samples], [s.task.problem_id for s in samples], [s.trajectory for s in samples],
+        [s.turn for s in samples], algo.gamma, algo.aggregation, algo.estimator, algo.scale_by_std,
+    )
+    for s, r, a in zip(samples, returns, advantages):
+        s.ret, s.advantage = r, a
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -146,13 +156,7 @@ class TrainingRun:
         samples, times = run_rollout(tasks, self.generator, self.env, self.encode_prompt, self.count_tokens, settings,
                                      seed=step_seed(cfg.seed, step),
                                      on_turn=lambda turn, group, s: progress.turn(step, turn, group, s))
-        algo = cfg.algorithm
-        returns, advantages = turn_credit(
-            [s.result.score for s in samples], [s.task.problem_id for s in samples], [s.trajectory for s in samples],
-            [s.turn for s in samples], algo.gamma, algo.aggregation, algo.estimator, algo.scale_by_std,
-        )
-        for s, r, a in zip(samples, returns, advantages):
-            s.ret, s.advantage = r, a
+        assign_credit(samples, cfg.algorithm)
         self.records.append_turns([self.turn_row(step, s) for s in samples])
         t_train = time.perf_counter()
         stats = self.learner.update([LearnerSample(s.prompt_ids, s.response_ids, s.advantage) for s in samples],
