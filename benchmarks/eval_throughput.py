@@ -1,11 +1,13 @@
 """Distinct correct candidates fully evaluated per minute (cold compile + checks + timing).
 
-    python benchmarks/eval_throughput.py --backend cuda --n 32 [--torch-n 8]
+    python benchmarks/eval_throughput.py --backend cuda --n 32 [--torch-n 8] [--standby K]
 
 Candidates are the built-in suite's reference solutions, each made distinct by a unique comment so
 nothing is served from the compile cache. Each run uses a fresh cache directory, so the one-time
 precompiled-header build is included in the fast path's wall time and reported separately. With
-``--torch-n`` the same is measured for torch's default ``load_inline`` build path.
+``--torch-n`` the same is measured for torch's default ``load_inline`` build path. "worker wait" is the
+part of a run stage spent waiting for a standby worker to finish starting (run stage minus the worker's
+own timed phases): when it dominates, worker start-up bounds throughput, not compiles or the GPU.
 """
 from __future__ import annotations
 
@@ -33,10 +35,16 @@ def distinct_items(backend: str, n: int, tag: str) -> list[EvalItem]:
     return items
 
 
-def run(backend: str, n: int, mode: str, tag: str) -> dict:
+def worker_wait_s(v: Verdict) -> float:
+    phases = v.extra.get("phases") or {}
+    return max(0.0, v.run_s - sum(phases.values())) if phases else v.run_s
+
+
+def run(backend: str, n: int, mode: str, tag: str, standby: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="kx-throughput-") as cache:
-        config = BenchConfig(backend=backend, build_mode=mode, cache_dir=Path(cache))
+        config = BenchConfig(backend=backend, build_mode=mode, cache_dir=Path(cache), standby_workers=standby)
         with Evaluator(config) as ev:
+            n_standby = ev._slots[0].n_standby
             t0 = time.perf_counter()
             ev.builder.warm()
             warm_s = time.perf_counter() - t0
@@ -47,7 +55,7 @@ def run(backend: str, n: int, mode: str, tag: str) -> dict:
             def progress(v: Verdict) -> None:
                 done.append(v)
                 print(f"  {mode} {len(done)}/{n} at {time.perf_counter() - t1:6.1f} s: {v.problem_id} {v.status.value}, "
-                      f"compile {v.compile_s:.1f} s, run {v.run_s:.1f} s", flush=True)
+                      f"compile {v.compile_s:.1f} s, run {v.run_s:.1f} s (worker wait {worker_wait_s(v):.1f} s)", flush=True)
 
             verdicts = ev.evaluate(items, on_verdict=progress)
             wall = time.perf_counter() - t1
@@ -57,6 +65,7 @@ def run(backend: str, n: int, mode: str, tag: str) -> dict:
     return {
         "mode": mode,
         "n": n,
+        "standby": n_standby,
         "ok": ok,
         "statuses": dict(counts),
         "warm_s": warm_s,
@@ -64,6 +73,7 @@ def run(backend: str, n: int, mode: str, tag: str) -> dict:
         "per_min": 60.0 * ok / wall if wall else 0.0,
         "median_compile_s": compile_s[len(compile_s) // 2] if compile_s else 0.0,
         "median_run_s": sorted(v.run_s for v in verdicts)[len(verdicts) // 2],
+        "median_wait_s": sorted(worker_wait_s(v) for v in verdicts)[len(verdicts) // 2],
         "failures": {v.problem_id: v.reason for v in verdicts if v.status is not Status.OK},
     }
 
@@ -73,17 +83,19 @@ def main() -> None:
     parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--torch-n", type=int, default=0, help="also measure torch's default build path on this many")
+    parser.add_argument("--standby", type=int, default=0, help="standby workers per run slot (0: the evaluator's default)")
     args = parser.parse_args()
     tag = f"{time.time_ns()}"
-    rows = [run(args.backend, args.n, "fast", tag)]
+    rows = [run(args.backend, args.n, "fast", tag, args.standby)]
     if args.torch_n:
-        rows.append(run(args.backend, args.torch_n, "torch", tag + "t"))
-    print(f"| backend | build path | candidates | ok | one-time warm-up s | wall s | correct candidates / min | median compile s | median run s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+        rows.append(run(args.backend, args.torch_n, "torch", tag + "t", args.standby))
+    print("| backend | build path | standby workers | candidates | ok | one-time warm-up s | wall s | correct candidates / min "
+          "| median compile s | median run s | median worker wait s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {args.backend} | {r['mode']} | {r['n']} | {r['ok']} | {r['warm_s']:.1f} | {r['wall_s']:.1f} | "
-            f"{r['per_min']:.1f} | {r['median_compile_s']:.1f} | {r['median_run_s']:.2f} |"
+            f"| {args.backend} | {r['mode']} | {r['standby']} | {r['n']} | {r['ok']} | {r['warm_s']:.1f} | {r['wall_s']:.1f} | "
+            f"{r['per_min']:.1f} | {r['median_compile_s']:.1f} | {r['median_run_s']:.2f} | {r['median_wait_s']:.2f} |"
         )
     for r in rows:
         if r["failures"]:

@@ -106,7 +106,7 @@ class EvaluatorConfig:
     # 0: from cores and memory / one run slot per GPU (cpu: 1)
     compile_workers: int = 0
     run_slots: int = 0
-    # warm sandboxed workers per run slot (0: 3 on cuda, 1 on cpu)
+    # warm sandboxed workers per run slot (0: cores / (2 x run slots), 2 to 8, on cuda; 1 on cpu)
     standby_workers: int = 0
     # None: $KEVIN_EXP_CACHE or ~/.cache/kevin_exp (shared across runs on the machine)
     cache_dir: Optional[str] = None

@@ -77,8 +77,9 @@ class BenchConfig:
     max_source_bytes: int = 512 * 1024
     compile_workers: int = 0  # 0: from cores and memory
     run_slots: int = 0  # 0: one per visible GPU (cuda) / 1 (cpu)
-    # sandboxed workers kept starting per run slot while one runs (a cold start costs seconds, a run ~1 s on
-    # a GPU); 0: 3 (cuda) / 1 (cpu, where starting workers would take cores from the timed run)
+    # sandboxed workers kept starting per run slot while one runs (a cold start costs ~10 s on a GPU box, a
+    # run ~1 s); 0: cores / (2 x run slots), 2 to 8 (cuda) / 1 (cpu, where starting workers would take
+    # cores from the timed run)
     standby_workers: int = 0
     cache_dir: Path | None = None  # None: $KEVIN_EXP_CACHE or ~/.cache/kevin_exp
     build_mode: str = "fast"  # "fast" (precompiled headers, lean includes) | "torch" (torch's load_inline)

@@ -4,8 +4,8 @@
         verdicts = ev.evaluate([EvalItem("level1/3", reference_src, candidate_src), ...])
 
 Compiles (bounded by cores and memory) overlap with runs: a candidate goes to a run slot as soon as
-its extensions are built. One run slot per visible GPU (or per configured CPU slot); each slot keeps a
-warm standby worker so process start-up and CUDA initialisation are off the critical path. A batch
+its extensions are built. One run slot per visible GPU (or per configured CPU slot); each slot keeps
+standby workers starting so process start-up and CUDA initialisation are off the critical path. A batch
 always returns exactly one verdict per item, in order.
 """
 from __future__ import annotations
@@ -70,7 +70,9 @@ class Evaluator:
         self._builds: dict[str, Future] = {}
         self._builds_lock = threading.Lock()
         self._run_root = Path(tempfile.mkdtemp(prefix="kevin_exp_run_"))
-        self._slots = [_RunSlot(self, i, dev) for i, dev in enumerate(_slot_devices(cfg))]
+        devices = _slot_devices(cfg)
+        n_standby = cfg.standby_workers or _default_standby(cfg.backend, len(devices))
+        self._slots = [_RunSlot(self, i, dev, n_standby) for i, dev in enumerate(devices)]
 
     # ------------------------------------------------------------------ public API
 
@@ -318,10 +320,8 @@ class _RunSlot:
     """A run slot owns one device (or CPU share) and runs one candidate at a time, each in a fresh worker;
     a few workers keep starting up meanwhile, so a worker's cold start is not paid per candidate."""
 
-    def __init__(self, evaluator: Evaluator, index: int, device: str | None) -> None:
-        self.ev, self.index, self.device = evaluator, index, device
-        cfg = evaluator.config
-        self.n_standby = cfg.standby_workers or (3 if cfg.backend == "cuda" else 1)
+    def __init__(self, evaluator: Evaluator, index: int, device: str | None, n_standby: int) -> None:
+        self.ev, self.index, self.device, self.n_standby = evaluator, index, device, n_standby
         self._standby: deque[WorkerProcess] = deque()
 
     def _take(self) -> WorkerProcess:
@@ -352,6 +352,8 @@ class _RunSlot:
         )
 
     def serve(self, run_queue: queue.Queue, finish) -> None:
+        # Workers start while the batch's first compiles run, not after the first one is built.
+        self._top_up()
         while True:
             pending = run_queue.get()
             if pending is None:
@@ -430,6 +432,15 @@ def _compile_workers(cfg: BenchConfig) -> int:
         mem_gb = 8.0
     per_build_gb = 3.0 if cfg.backend == "cuda" else 1.5  # peak RSS of one build (environment.md)
     return max(1, min(cores, int(mem_gb // per_build_gb)))
+
+
+def _default_standby(backend: str, n_slots: int) -> int:
+    """Workers starting ahead per run slot. A GPU run takes ~1 s and a cold worker ~10 s, so one slot
+    needs several starting at once to stay busy; half the cores, shared by the slots, keeps the rest for
+    compiles."""
+    if backend != "cuda":
+        return 1
+    return max(2, min(8, (os.cpu_count() or 1) // (2 * max(1, n_slots))))
 
 
 def _slot_devices(cfg: BenchConfig) -> list[str | None]:
