@@ -30,21 +30,28 @@ class ProcResult:
 
 
 _PRLIMIT = shutil.which("prlimit")
+_NICE = shutil.which("nice")
+
+COMPILE_NICENESS = 10
+"""Compilers run below normal CPU priority: builds are many and throughput-bound, while the one run stage
+per GPU is serial (it bounds the evaluator's throughput) and times kernels (CPU contention skews launches)."""
 
 
 def _limited(argv: list[str], memory_limit_gb: float):
-    """(argv, preexec_fn) applying RLIMIT_AS and no core dumps to the compiler and its children.
+    """(argv, preexec_fn) applying RLIMIT_AS, no core dumps and a lower CPU priority to the compiler and
+    its children.
 
-    util-linux's prlimit is preferred: a preexec_fn is not safe when the caller runs builds from
-    several threads (the evaluator does)."""
+    util-linux's prlimit and coreutils' nice are preferred: a preexec_fn is not safe when the caller runs
+    builds from several threads (the evaluator does)."""
     limit = int(memory_limit_gb * (1 << 30)) if memory_limit_gb > 0 else resource.RLIM_INFINITY
-    if _PRLIMIT:
+    if _PRLIMIT and _NICE:
         as_arg = str(limit) if memory_limit_gb > 0 else "unlimited"
-        return [_PRLIMIT, f"--as={as_arg}", "--core=0", "--", *argv], None
+        return [_NICE, "-n", str(COMPILE_NICENESS), _PRLIMIT, f"--as={as_arg}", "--core=0", "--", *argv], None
 
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.nice(COMPILE_NICENESS)
 
     return argv, apply
 
