@@ -85,6 +85,14 @@ def test_crashes_become_verdicts_and_the_batch_goes_on(evaluator):
     assert ok2.status is Status.OK, ok2.reason + ok2.feedback
 
 
+def test_a_forged_result_is_forbidden_and_the_batch_goes_on(evaluator):
+    """Native code writes an `ok` result with a 1000x speedup to every descriptor and exits: unsigned, it is void."""
+    forged, ok = evaluator.evaluate([item("forged_result"), item("ok")])
+    assert forged.status is Status.FORBIDDEN and forged.rule == "result_forged", forged.reason
+    assert not forged.correct and forged.speedup is None
+    assert ok.status is Status.OK, ok.reason
+
+
 def test_hang_times_out_and_fork_bomb_is_contained(build_cache):
     rules = CheckRules(no_concurrency=False)
     config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, run_timeout_s=20, cache_dir=build_cache, rules=rules)

@@ -250,6 +250,9 @@ class Evaluator:
         item = pending.item
         res = outcome.result or {}
         common = dict(compile_s=pending.compile_s, run_s=run_s, cache_hit=all(b.cached for b in pending.builds.values()), device=res.get("device", ""))
+        if outcome.forged:
+            return self._verdict(item, Status.FORBIDDEN, "something other than the evaluator wrote to the worker's result "
+                                 "channel (a forged result); the run counts for nothing", rule="result_forged", **common)
         if outcome.timed_out:
             return self._verdict(item, Status.TIMEOUT, f"the run exceeded its {cfg.run_timeout_s:.0f} s limit (infinite loop or deadlock?)", **common)
         if outcome.memory_exceeded:

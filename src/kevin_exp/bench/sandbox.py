@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,6 +27,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kevin_exp.bench.result_channel import RESULT_KEY_BYTES, read_signed_result
 
 SANDBOX_UID_BASE = 61000
 SANDBOX_UID_POOL = 4096
@@ -155,6 +158,7 @@ class WorkerOutcome:
     output_tail: str
     output_bytes: int
     seconds: float
+    forged: bool = False  # something other than the worker wrote to its result pipe
 
     def signal_name(self) -> str | None:
         rc = self.returncode
@@ -285,9 +289,10 @@ class WorkerProcess:
     def run(self, job: dict[str, Any], timeout_s: float) -> WorkerOutcome:
         t0 = time.monotonic()
         timed_out = memory_exceeded = False
+        key = secrets.token_bytes(RESULT_KEY_BYTES)
         try:
             assert self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(job).encode())
+            self.proc.stdin.write(key + json.dumps(job).encode())
             self.proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass  # the worker died while waiting; its exit status says how
@@ -308,12 +313,7 @@ class WorkerProcess:
             self.kill()
         self._result_reader.join(timeout=5)
         self._output.join(timeout=5)
-        result = None
-        if self._result_bytes:
-            try:
-                result = json.loads(self._result_bytes.decode("utf-8", "replace"))
-            except json.JSONDecodeError:
-                result = None
+        result, forged = read_signed_result(key, bytes(self._result_bytes))
         tail = bytes(self._output.tail[-self.max_output_bytes :]).decode("utf-8", "replace")
         self._cleanup()
         return WorkerOutcome(
@@ -324,6 +324,7 @@ class WorkerProcess:
             output_tail=tail,
             output_bytes=self._output.total,
             seconds=time.monotonic() - t0,
+            forged=forged,
         )
 
     def kill(self) -> None:
