@@ -40,6 +40,13 @@ def worker_wait_s(v: Verdict) -> float:
     return max(0.0, v.run_s - sum(phases.values())) if phases else v.run_s
 
 
+def median_phases(verdicts: list[Verdict]) -> dict[str, float]:
+    """Median seconds of each stage inside the worker (load, construct, correctness, timing, re-check)."""
+    phases = [v.extra["phases"] for v in verdicts if v.extra.get("phases")]
+    names = sorted({k for p in phases for k in p})
+    return {k: round(sorted(p.get(k, 0.0) for p in phases)[len(phases) // 2], 3) for k in names}
+
+
 def run(backend: str, n: int, mode: str, tag: str, standby: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="kx-throughput-") as cache:
         config = BenchConfig(backend=backend, build_mode=mode, cache_dir=Path(cache), standby_workers=standby)
@@ -74,6 +81,7 @@ def run(backend: str, n: int, mode: str, tag: str, standby: int) -> dict:
         "median_compile_s": compile_s[len(compile_s) // 2] if compile_s else 0.0,
         "median_run_s": sorted(v.run_s for v in verdicts)[len(verdicts) // 2],
         "median_wait_s": sorted(worker_wait_s(v) for v in verdicts)[len(verdicts) // 2],
+        "median_phases_s": median_phases(verdicts),
         "failures": {v.problem_id: v.reason for v in verdicts if v.status is not Status.OK},
     }
 
@@ -97,6 +105,8 @@ def main() -> None:
             f"| {args.backend} | {r['mode']} | {r['standby']} | {r['n']} | {r['ok']} | {r['warm_s']:.1f} | {r['wall_s']:.1f} | "
             f"{r['per_min']:.1f} | {r['median_compile_s']:.1f} | {r['median_run_s']:.2f} | {r['median_wait_s']:.2f} |"
         )
+    for r in rows:
+        print(f"\n{r['mode']}: median worker stages (s): {r['median_phases_s']}")
     for r in rows:
         if r["failures"]:
             print(f"\n{r['mode']} failures: {r['failures']}")
