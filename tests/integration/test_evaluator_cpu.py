@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +92,15 @@ def test_a_forged_result_is_forbidden_and_the_batch_goes_on(evaluator):
     assert forged.status is Status.FORBIDDEN and forged.rule == "result_forged", forged.reason
     assert not forged.correct and forged.speedup is None
     assert ok.status is Status.OK, ok.reason
+
+
+def test_build_flags_that_run_programs_are_refused_before_any_compile(evaluator):
+    marker = Path("/tmp/kx-build-flag-ran")
+    marker.unlink(missing_ok=True)
+    [v] = evaluator.evaluate([item("build_flag_wrapper")])
+    assert v.status is Status.FORBIDDEN and v.rule == "build_flags", v.reason
+    assert "'-wrapper'" in v.reason
+    assert not marker.exists(), "the candidate's build flag ran a command"
 
 
 def test_hang_times_out_and_fork_bomb_is_contained(build_cache):

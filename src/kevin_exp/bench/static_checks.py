@@ -15,6 +15,7 @@ from kevin_exp.bench.candidate_source import (
     _SCOPES, bound_names, extract_calls, import_aliases, is_const_getattr, is_load_inline, load_inline_names,
     parent_map, qualname, walk_scope,
 )
+from kevin_exp.bench.build import user_flags
 from kevin_exp.bench.config import CheckRules
 from kevin_exp.bench.spec import CandidateSource, ExtensionSpec
 
@@ -692,6 +693,9 @@ def check_native(spec: ExtensionSpec, backend: str, rules: CheckRules) -> list[V
             add("native_library_compute", "", flag, f"build flag {flag!r} links or includes a vendor math library; "
                 f"{_KERNEL_RULE}")
     _check_kernel_present(spec, backend, sources, add)
+    bad_flags = user_flags.unsafe_flags(spec)
+    if bad_flags:  # always on: not a reward rule but the build machine's safety
+        out.append(Violation("build_flags", f"extension {spec.name!r}: {user_flags.describe(bad_flags)}"))
     return out
 
 

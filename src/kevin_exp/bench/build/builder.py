@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kevin_exp.bench.spec import ExtensionSpec
 
-from . import cache, glue, proc
+from . import cache, glue, proc, user_flags
 from .fast import CompileFailed, FastBuilder
 from .flags import resolve_cuda_arch, toolchain_id
 from .lean import static_digest
@@ -135,6 +135,9 @@ class Builder:
             raise BuildError("the cpu backend cannot build CUDA sources (cuda_sources / with_cuda=True)")
         if not spec.cpp_sources and not spec.cuda_sources:
             raise BuildError("the extension has no sources")
+        bad_flags = user_flags.unsafe_flags(spec)
+        if bad_flags:
+            raise BuildError(user_flags.describe(bad_flags))
 
     def build(self, spec: ExtensionSpec) -> BuildResult:
         t0 = time.perf_counter()

@@ -1,0 +1,94 @@
+"""The build flags a candidate may pass to ``load_inline`` (an allow-list).
+
+Compilers run outside the run sandbox, and their flags can run programs or write files: g++'s
+``-wrapper sh,-c,CMD`` and ``-fplugin=``, ``-specs=``, ``-B``, ``@file``, ``-o``, ``-Wl,``/``-Xlinker``
+options, nvcc's ``-ccbin`` and ``--keep-dir``. Only flags that change how code is optimised or checked are
+accepted; empty strings (KernelBench candidates write ``extra_cflags=[""]``) are ignored.
+"""
+from __future__ import annotations
+
+import re
+
+from kevin_exp.bench.spec import ExtensionSpec
+
+_GXX = re.compile(
+    r"-O[0-3sgz]?|-Ofast|-std=(?:c|gnu)\+\+\d\w|-[DU][A-Za-z_]\w*(?:=[\w.+\-]*)?|-g[0-3]?|-w|-pedantic|"
+    r"-m(?:arch|tune|cpu)=[\w.\-]+|-m(?:no-)?[a-z0-9][a-z0-9.\-]*|"
+    r"-W(?!l,|a,|p,)(?:no-)?[a-z][a-z0-9+\-]*(?:=\w+)?|"
+    r"-f(?:no-)?(?:fast-math|unroll-loops|unroll-all-loops|openmp|openmp-simd|tree-vectorize|tree-loop-vectorize|"
+    r"tree-slp-vectorize|strict-aliasing|omit-frame-pointer|inline-functions|inline|math-errno|finite-math-only|"
+    r"associative-math|reciprocal-math|unsafe-math-optimizations|trapping-math|signed-zeros|fp-contract=\w+|"
+    r"vect-cost-model(?:=\w+)?|PIC|pic|rtti|exceptions|permissive|signed-char|unsigned-char|"
+    r"prefetch-loop-arrays|peel-loops|ipa-\w[\w\-]*|lto|visibility=\w+|diagnostics-color(?:=\w+)?|"
+    r"max-errors=\d+|excess-precision=\w+)|"
+    r"-fopt-info(?:-[a-z\-]+)?|-fmax-errors=\d+|-pthread|-fopenmp"
+)
+# vendor libraries are safe to link: whether a candidate may use them is the switchable reward rule
+# `native_library_compute`, not this list
+_LD = re.compile(r"-l(?:m|gomp|cuda|cudart|pthread|cublas|cublasLt|cudnn|cufft|curand|cusparse|cusolver)|"
+                 r"-fopenmp|-pthread|-O[0-3s]?|-s")
+_NVCC_ARCH = r"(?:compute|sm|lto)_\d+[af]?"
+_NVCC = re.compile(
+    r"-O[0-3]|-Xptxas=-O[0-3]|-lineinfo|--?use[_-]fast[_-]math|--?(?:ftz|prec-div|prec-sqrt|fmad)=(?:true|false)|"
+    r"--?std=c\+\+\d\d|-[DU][A-Za-z_]\w*(?:=[\w.+\-]*)?|--?expt-relaxed-constexpr|--?expt-extended-lambda|"
+    r"--?extended-lambda|--?maxrregcount=\d+|-Xptxas=-v|-Xptxas=--?(?:verbose|warn-\w[\w\-]*|O[0-3])|"
+    r"--ptxas-options=(?:-v|--?verbose|-O[0-3])|--?res(?:ource)?-usage|--restrict|-g|-G|-w|--?keep-device-functions|"
+    r"--?(?:gpu-)?arch(?:itecture)?=" + _NVCC_ARCH + r"|"
+    r"-gencode=arch=" + _NVCC_ARCH + r",code=(?:\[?" + _NVCC_ARCH + r"(?:," + _NVCC_ARCH + r")*\]?)|"
+    r"--?default-stream=(?:legacy|per-thread)|-DNDEBUG"
+)
+# nvcc options whose value comes as the next argument
+_NVCC_PAIRED = {"-Xptxas", "--ptxas-options", "-arch", "--gpu-architecture", "-gencode", "--generate-code",
+                "-maxrregcount", "--maxrregcount", "-Xcompiler", "--compiler-options", "-std", "--std"}
+
+ALLOWED_SUMMARY = (
+    "C++: -O*, -std=c++NN, -D/-U macros, -g, -march/-mtune/-m<isa>, -W<warning>, -f<optimisation> "
+    "(fast-math, unroll-loops, openmp, ...), -pthread; CUDA: -O*, --use_fast_math, --ftz/--prec-div/"
+    "--prec-sqrt/--fmad, -lineinfo, -std=c++NN, -D/-U, --expt-relaxed-constexpr, --extended-lambda, "
+    "-maxrregcount, -Xptxas -v/-O*, -arch/-gencode, -Xcompiler with the C++ flags above; "
+    "link: -lm, -lgomp, -lcuda, -lcudart, -fopenmp (vendor libraries only where that rule is off)"
+)
+
+
+def _gxx_ok(flag: str) -> bool:
+    return _GXX.fullmatch(flag) is not None
+
+
+def _nvcc_unsafe(flags: tuple[str, ...]) -> list[str]:
+    bad: list[str] = []
+    i = 0
+    while i < len(flags):
+        flag = flags[i].strip()
+        i += 1
+        if not flag:
+            continue
+        if flag in _NVCC_PAIRED:
+            value = flags[i].strip() if i < len(flags) else ""
+            i += 1
+            flag_value = f"{flag}={value}"
+            if flag in ("-Xcompiler", "--compiler-options"):
+                bad += [f"{flag} {v}" for v in value.split(",") if v and not _gxx_ok(v)]
+            elif not _NVCC.fullmatch(flag_value.replace("--ptxas-options=", "-Xptxas=")
+                                     .replace("--gpu-architecture=", "-arch=").replace("--generate-code=", "-gencode=")):
+                bad.append(f"{flag} {value}")
+            continue
+        if flag.startswith(("-Xcompiler=", "--compiler-options=")):
+            value = flag.split("=", 1)[1]
+            bad += [flag for v in value.split(",") if v and not _gxx_ok(v)][:1]
+            continue
+        if not _NVCC.fullmatch(flag):
+            bad.append(flag)
+    return bad
+
+
+def unsafe_flags(spec: ExtensionSpec) -> list[str]:
+    """The flags of ``spec`` outside the allow-list (empty when every flag is accepted)."""
+    bad = [f for f in spec.extra_cflags if f.strip() and not _gxx_ok(f.strip())]
+    bad += [f for f in spec.extra_ldflags if f.strip() and _LD.fullmatch(f.strip()) is None]
+    bad += _nvcc_unsafe(tuple(spec.extra_cuda_cflags))
+    return bad
+
+
+def describe(flags: list[str]) -> str:
+    shown = ", ".join(repr(f) for f in flags[:3])
+    return f"build flag(s) {shown} not allowed (they could run programs or write files at build time); allowed: {ALLOWED_SUMMARY}"
