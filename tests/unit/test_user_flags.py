@@ -29,6 +29,8 @@ def test_flags_candidates_use_are_accepted(flags) -> None:
     ("-std=c++17", "--expt-relaxed-constexpr", "--extended-lambda", "-maxrregcount=64"),
     ("-Xptxas", "-v"), ("-Xptxas=-O3",), ("-arch=sm_90a",), ("-gencode", "arch=compute_90,code=sm_90"),
     ("-Xcompiler", "-O3,-fopenmp"), ("--compiler-options", "-march=native"), ("-DUSE_TC=1", ""),
+    ("-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__"), ("--generate-line-info", "--threads", "4"),
+    ("--ptxas-options=-v", "-gencode=arch=compute_90a,code=sm_90a"),
 ])
 def test_nvcc_flags_candidates_use_are_accepted(flags) -> None:
     assert unsafe_flags(spec(extra_cuda_cflags=flags)) == []

@@ -35,11 +35,12 @@ _NVCC = re.compile(
     r"--ptxas-options=(?:-v|--?verbose|-O[0-3])|--?res(?:ource)?-usage|--restrict|-g|-G|-w|--?keep-device-functions|"
     r"--?(?:gpu-)?arch(?:itecture)?=" + _NVCC_ARCH + r"|"
     r"-gencode=arch=" + _NVCC_ARCH + r",code=(?:\[?" + _NVCC_ARCH + r"(?:," + _NVCC_ARCH + r")*\]?)|"
-    r"--?default-stream=(?:legacy|per-thread)|-DNDEBUG"
+    r"--?default-stream=(?:legacy|per-thread)|--generate-line-info|--?threads=\d+|-t=\d+"
 )
 # nvcc options whose value comes as the next argument
 _NVCC_PAIRED = {"-Xptxas", "--ptxas-options", "-arch", "--gpu-architecture", "-gencode", "--generate-code",
-                "-maxrregcount", "--maxrregcount", "-Xcompiler", "--compiler-options", "-std", "--std"}
+                "-maxrregcount", "--maxrregcount", "-Xcompiler", "--compiler-options", "-std", "--std",
+                "--threads", "-t"}
 
 ALLOWED_SUMMARY = (
     "C++: -O*, -std=c++NN, -D/-U macros, -g, -march/-mtune/-m<isa>, -W<warning>, -f<optimisation> "
