@@ -10,10 +10,23 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 from typing import Any
 
 RESULT_KEY_BYTES = 32
 _MAC_HEX = 64
+
+
+def read_key(fd: int) -> bytearray:
+    """The job's key, read from ``fd`` straight into a bytearray (no buffered copy), so it can be wiped."""
+    key = bytearray(RESULT_KEY_BYTES)
+    got = 0
+    while got < len(key):
+        n = os.readv(fd, [memoryview(key)[got:]])
+        if n == 0:
+            raise SystemExit("worker: stdin closed before the job arrived")
+        got += n
+    return key
 
 
 def sign_result(key: bytes | bytearray, payload: bytes) -> bytes:

@@ -1,9 +1,9 @@
 """Run-stage worker: one process evaluates exactly one candidate, then exits.
 
 Started by ``kevin_exp.bench.sandbox`` ahead of time (a warm standby: torch imported, CUDA context up),
-it reads one job from stdin (a random key, then JSON), writes one result as JSON, signed with that key,
-to the file descriptor given by ``--result-fd`` and exits. Whatever the candidate does to this process (segfault, exit, hang,
-corrupting the CUDA context), the parent sees it from outside and turns it into a verdict.
+it reads one job from stdin (a random key, then JSON), writes one result as JSON, signed with that
+key, to the file descriptor given by ``--result-fd`` and exits. Whatever the candidate does to this
+process (segfault, exit, hang, corrupting the CUDA context), the parent sees it from outside and turns it into a verdict.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from kevin_exp.bench.result_channel import RESULT_KEY_BYTES, sign_result
+from kevin_exp.bench.result_channel import read_key, sign_result
 
 SANDBOX_CACHE = "/tmp/.kx-cache"
 """Where the build cache appears, read-only, inside a namespace sandbox."""
@@ -190,14 +190,7 @@ def main(argv: list[str] | None = None) -> None:
         result_pipe.close()
         os._exit(0)
 
-    # The job's key goes straight from the pipe into a bytearray (no buffered copy) and is wiped once used.
-    key = bytearray(RESULT_KEY_BYTES)
-    got = 0
-    while got < len(key):
-        n = os.readv(0, [memoryview(key)[got:]])
-        if n == 0:
-            raise SystemExit("worker: stdin closed before the job arrived")
-        got += n
+    key = read_key(sys.stdin.fileno())
     job = json.loads(sys.stdin.buffer.read())
     result = run_job(job)
     signed = sign_result(key, json.dumps(result).encode())

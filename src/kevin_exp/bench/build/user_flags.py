@@ -21,7 +21,7 @@ _GXX = re.compile(
     r"vect-cost-model(?:=\w+)?|PIC|pic|rtti|exceptions|permissive|signed-char|unsigned-char|"
     r"prefetch-loop-arrays|peel-loops|ipa-\w[\w\-]*|lto|visibility=\w+|diagnostics-color(?:=\w+)?|"
     r"max-errors=\d+|excess-precision=\w+)|"
-    r"-fopt-info(?:-[a-z\-]+)?|-fmax-errors=\d+|-pthread|-fopenmp"
+    r"-fopt-info(?:-[a-z\-]+)?|-pthread"
 )
 # vendor libraries are safe to link: whether a candidate may use them is the switchable reward rule
 # `native_library_compute`, not this list
@@ -29,7 +29,7 @@ _LD = re.compile(r"-l(?:m|gomp|cuda|cudart|pthread|cublas|cublasLt|cudnn|cufft|c
                  r"-fopenmp|-pthread|-O[0-3s]?|-s")
 _NVCC_ARCH = r"(?:compute|sm|lto)_\d+[af]?"
 _NVCC = re.compile(
-    r"-O[0-3]|-Xptxas=-O[0-3]|-lineinfo|--?use[_-]fast[_-]math|--?(?:ftz|prec-div|prec-sqrt|fmad)=(?:true|false)|"
+    r"-O[0-3]|-lineinfo|--?use[_-]fast[_-]math|--?(?:ftz|prec-div|prec-sqrt|fmad)=(?:true|false)|"
     r"--?std=c\+\+\d\d|-[DU][A-Za-z_]\w*(?:=[\w.+\-]*)?|--?expt-relaxed-constexpr|--?expt-extended-lambda|"
     r"--?extended-lambda|--?maxrregcount=\d+|-Xptxas=-v|-Xptxas=--?(?:verbose|warn-\w[\w\-]*|O[0-3])|"
     r"--ptxas-options=(?:-v|--?verbose|-O[0-3])|--?res(?:ource)?-usage|--restrict|-g|-G|-w|--?keep-device-functions|"
@@ -55,6 +55,11 @@ def _gxx_ok(flag: str) -> bool:
     return _GXX.fullmatch(flag) is not None
 
 
+def _host_flags_unsafe(prefix: str, value: str) -> list[str]:
+    """The refused ones among the comma-separated host-compiler flags nvcc passes on (-Xcompiler)."""
+    return [prefix + v for v in value.split(",") if v.strip() and not _gxx_ok(v.strip())]
+
+
 def _nvcc_unsafe(flags: tuple[str, ...]) -> list[str]:
     bad: list[str] = []
     i = 0
@@ -68,14 +73,14 @@ def _nvcc_unsafe(flags: tuple[str, ...]) -> list[str]:
             i += 1
             flag_value = f"{flag}={value}"
             if flag in ("-Xcompiler", "--compiler-options"):
-                bad += [f"{flag} {v}" for v in value.split(",") if v and not _gxx_ok(v)]
+                bad += _host_flags_unsafe(f"{flag} ", value)
             elif not _NVCC.fullmatch(flag_value.replace("--ptxas-options=", "-Xptxas=")
                                      .replace("--gpu-architecture=", "-arch=").replace("--generate-code=", "-gencode=")):
                 bad.append(f"{flag} {value}")
             continue
         if flag.startswith(("-Xcompiler=", "--compiler-options=")):
-            value = flag.split("=", 1)[1]
-            bad += [flag for v in value.split(",") if v and not _gxx_ok(v)][:1]
+            option, value = flag.split("=", 1)
+            bad += _host_flags_unsafe(f"{option}=", value)
             continue
         if not _NVCC.fullmatch(flag):
             bad.append(flag)
