@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 
@@ -111,6 +112,35 @@ def test_hang_times_out_and_fork_bomb_is_contained(build_cache):
     assert hang.status is Status.TIMEOUT
     assert bomb.status in (Status.TIMEOUT, Status.CRASHED, Status.RUNTIME_ERROR)
     assert ok.status is Status.OK, ok.reason
+
+
+@pytest.mark.parametrize("sandbox", ["process", "auto"])
+def test_nothing_a_candidate_started_outlives_its_verdict(build_cache, sandbox):
+    """A child forked by native code is ended with its worker, in both isolation levels (the verdict itself
+    does not wait for the worker's exit)."""
+    name = f"kxo{os.getpid() % 10000}{sandbox[0]}"
+    source = cand("orphan_child").replace("ORPHAN_NAME", name)
+    rules = CheckRules(no_concurrency=False)
+    config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, cache_dir=build_cache, rules=rules, sandbox=sandbox)
+    with Evaluator(config) as ev:
+        [v] = ev.evaluate([EvalItem("orphan", RELU, source)])
+        assert v.status is Status.OK, v.reason
+        deadline = time.monotonic() + 10
+        while processes_named(name) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not processes_named(name), "the candidate's child process survived its verdict"
+
+
+def processes_named(name: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == name:
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def test_flooding_output_is_drained_not_fatal(evaluator):

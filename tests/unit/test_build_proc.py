@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -42,3 +43,41 @@ def test_the_callers_priority_is_unchanged(tmp_path: Path) -> None:
     before = os.nice(0)
     probe(tmp_path)
     assert os.nice(0) == before
+
+
+def test_compiles_share_the_callers_session_so_their_niceness_counts(tmp_path: Path) -> None:
+    # Under autogroup scheduling each session is its own scheduling group and niceness only ranks tasks
+    # within one: a compiler in a new session would compete with the run worker as an equal.
+    ids = [sys.executable, "-c", "import os; print(os.getsid(0), os.getpgid(0), os.getpid())"]
+    for with_prlimit in (True, False):
+        saved = proc._PRLIMIT
+        proc._PRLIMIT = proc._PRLIMIT if with_prlimit else None
+        try:
+            res = proc.run(ids, tmp_path, time.monotonic() + 30, memory_limit_gb=0)
+        finally:
+            proc._PRLIMIT = saved
+        assert res.ok, res.describe()
+        sid, pgid, pid = map(int, res.output.split())
+        assert sid == os.getsid(0)
+        # its own process group all the same, so a timeout kills the compiler and every child it started
+        assert pgid == pid != os.getpgid(0)
+
+
+def test_a_timed_out_compile_is_killed_with_its_children(tmp_path: Path) -> None:
+    marker = tmp_path / "child.pid"
+    script = f"sleep 600 & echo $! > {marker}; wait"
+    res = proc.run(["sh", "-c", script], tmp_path, time.monotonic() + 1.0, memory_limit_gb=0)
+    assert res.timed_out and not res.ok
+    child = int(marker.read_text())
+    deadline = time.monotonic() + 5
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(child), "the compiler's child outlived the timeout"
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

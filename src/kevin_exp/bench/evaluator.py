@@ -326,6 +326,7 @@ class _RunSlot:
     def __init__(self, evaluator: Evaluator, index: int, device: str | None, n_standby: int) -> None:
         self.ev, self.index, self.device, self.n_standby = evaluator, index, device, n_standby
         self._standby: deque[WorkerProcess] = deque()
+        self._reapers: list[threading.Thread] = []
 
     def _take(self) -> WorkerProcess:
         while self._standby:
@@ -376,7 +377,7 @@ class _RunSlot:
             t0 = time.monotonic()
             outcome = worker.run(self.ev.job_for(pending), self.ev.config.run_timeout_s)
             run_s = time.monotonic() - t0
-            worker.close()
+            self._retire(worker)
             self._top_up()
             need = (outcome.result or {}).get("needs_build")
             if need is None:
@@ -389,9 +390,19 @@ class _RunSlot:
             if verdict is not None:
                 return verdict
 
+    def _retire(self, worker: WorkerProcess) -> None:
+        """The worker has reported (or died): kill it and reap it off the critical path."""
+        reaper = worker.close(wait=False)
+        self._reapers = [r for r in self._reapers if r.is_alive()]
+        if reaper is not None:
+            self._reapers.append(reaper)
+
     def close(self) -> None:
         while self._standby:
             self._standby.popleft().close()
+        for reaper in self._reapers:
+            reaper.join(timeout=15)
+        self._reapers.clear()
 
 
 def _make_world_readable(root: Path, so_path: Path) -> None:

@@ -271,6 +271,8 @@ class WorkerProcess:
         self._output = _BoundedReader(self.proc.stdout, max_output_bytes)
         self._output.start()
         self._result_bytes = bytearray()
+        self._result_closed = threading.Event()
+        self.exited_at: float | None = None
         self._result_reader = threading.Thread(target=self._read_result, daemon=True)
         self._result_reader.start()
         self.started_at = time.monotonic()
@@ -279,6 +281,7 @@ class WorkerProcess:
         while True:
             chunk = self._result_pipe.read(1 << 16)
             if not chunk:
+                self._result_closed.set()
                 return
             if len(self._result_bytes) < 64 << 20:
                 self._result_bytes += chunk
@@ -287,8 +290,10 @@ class WorkerProcess:
         return self.proc.poll() is None
 
     def run(self, job: dict[str, Any], timeout_s: float) -> WorkerOutcome:
+        """Send the job, then wait until the worker has reported a correctly signed result (the worker's
+        exit, which on a GPU includes tearing its CUDA context down, is not waited for: ``close`` reaps it),
+        until it exits without one, or until the deadline or the memory limit ends it."""
         t0 = time.monotonic()
-        timed_out = memory_exceeded = False
         key = secrets.token_bytes(RESULT_KEY_BYTES)
         try:
             assert self.proc.stdin is not None
@@ -296,46 +301,67 @@ class WorkerProcess:
             self.proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass  # the worker died while waiting; its exit status says how
-        deadline = t0 + timeout_s
-        while True:
-            try:
-                self.proc.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if time.monotonic() > deadline:
-                timed_out = True
-                break
-            if _session_rss_bytes(self.proc.pid) > self.memory_limit_bytes:
-                memory_exceeded = True
-                break
-        if timed_out or memory_exceeded:
-            self.kill()
-        self._result_reader.join(timeout=5)
-        self._output.join(timeout=5)
+        ended = self._wait(key, t0 + timeout_s)
+        if ended != "reported":
+            # whatever is left (a timed-out worker, children holding the result pipe) goes with the group
+            self._kill_group()
+            self._result_reader.join(timeout=5)
+            self._output.join(timeout=5)
         result, forged = read_signed_result(key, bytes(self._result_bytes))
         tail = bytes(self._output.tail[-self.max_output_bytes :]).decode("utf-8", "replace")
-        self._cleanup()
         return WorkerOutcome(
             result=result,
             returncode=self.proc.returncode,
-            timed_out=timed_out,
-            memory_exceeded=memory_exceeded,
+            timed_out=ended == "timeout",
+            memory_exceeded=ended == "memory",
             output_tail=tail,
             output_bytes=self._output.total,
             seconds=time.monotonic() - t0,
             forged=forged,
         )
 
-    def kill(self) -> None:
+    def _wait(self, key: bytes, deadline: float) -> str:
+        """'reported', 'exited', 'timeout' or 'memory'."""
+        result_checked = False
+        next_rss_check = time.monotonic() + 0.2
+        while True:
+            if not result_checked and self._result_closed.wait(timeout=0.02):
+                result_checked = True
+                result, forged = read_signed_result(key, bytes(self._result_bytes))
+                if result is not None and not forged and "worker_error" not in result:
+                    return "reported"
+            elif result_checked:
+                # the pipe closed without a valid result: the process decides (it may still crash or hang)
+                try:
+                    self.proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+            if self.proc.poll() is not None:
+                return "exited"
+            now = time.monotonic()
+            if now > deadline:
+                return "timeout"
+            if now >= next_rss_check:
+                next_rss_check = now + 0.2
+                if _session_rss_bytes(self.proc.pid) > self.memory_limit_bytes:
+                    return "memory"
+
+    def _kill_group(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def kill(self) -> None:
+        self._kill_group()
+        self._reap()
+
+    def _reap(self) -> None:
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        self.exited_at = time.monotonic()
         self._cleanup()
 
     def _cleanup(self) -> None:
@@ -346,11 +372,18 @@ class WorkerProcess:
         if self.policy.mode != "namespace":
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def close(self) -> None:
-        if self.alive():
-            self.kill()
-        else:
-            self._cleanup()
+    def close(self, wait: bool = True) -> threading.Thread | None:
+        """End the worker and everything it started (its process group; in a namespace sandbox, its PID
+        namespace and anything left under its uid), then release its uid. With ``wait=False`` the reaping
+        runs on a thread, returned for joining: a GPU worker's exit tears its CUDA context down, which is
+        nobody's critical path."""
+        self._kill_group()
+        if wait:
+            self._reap()
+            return None
+        reaper = threading.Thread(target=self._reap, daemon=True, name="kx-reap")
+        reaper.start()
+        return reaper
 
 
 def _user_tasks() -> int:

@@ -195,10 +195,12 @@ def main(argv: list[str] | None = None) -> None:
     result = run_job(job)
     signed = sign_result(key, json.dumps(result).encode())
     key[:] = bytes(len(key))
+    # Output first: the parent may end this process as soon as the result pipe closes.
+    sys.stdout.flush()
+    sys.stderr.flush()
     result_pipe.write(signed.decode())
     result_pipe.flush()
     result_pipe.close()
-    sys.stdout.flush()
     # Skip interpreter teardown: a candidate's extension may crash in its destructors.
     os._exit(0)
 

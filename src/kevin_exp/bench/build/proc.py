@@ -1,4 +1,11 @@
-"""Running untrusted compiles: own process group, a deadline, an address-space limit, no stdin."""
+"""Running untrusted compiles: own process group, a deadline, an address-space limit, no stdin, low priority.
+
+Compilers stay in the caller's session (``process_group=0``, not ``start_new_session``). With the kernel's
+autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``, on by default on desktop and many cloud
+kernels) every session is a scheduling group of its own and niceness only ranks tasks inside one group: 16
+compilers in 16 new sessions would each get as much CPU as the run worker timing a kernel, whatever their
+niceness. Kept in one session, they share one group and their niceness ranks them below the evaluator.
+"""
 from __future__ import annotations
 
 import os
@@ -91,7 +98,7 @@ class Job:
         try:
             self.proc = subprocess.Popen(
                 argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=preexec, env=env,
+                process_group=0, preexec_fn=preexec, env=env,
             )
         except OSError as exc:
             self._log.close()
