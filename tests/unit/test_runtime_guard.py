@@ -143,3 +143,25 @@ def test_patched_cuda_sync_and_event_are_detected(monkeypatch: pytest.MonkeyPatc
     assert set(changed) == {"torch.cuda.synchronize", "torch.cuda.Event.elapsed_time", "torch.Tensor.__eq__"}
     monkeypatch.undo()
     assert verify_timing_functions(snap) == []
+
+
+def test_the_guard_does_not_import_dynamo() -> None:
+    """Every candidate runs in a fresh worker: importing torch._dynamo there (torch's default for a dispatch
+    mode) would cost each evaluation 1-2 CPU-seconds that compete with the compiles."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from kevin_exp.bench.runtime_guard import ForbiddenOpError, block_torch_compute\n"
+        "with block_torch_compute() as guard:\n"
+        "    torch.empty(2)\n"
+        "    try:\n"
+        "        torch.ones(2) + 1\n"
+        "    except ForbiddenOpError:\n"
+        "        pass\n"
+        "print(guard.violations, 'torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["['add']", "False"]

@@ -64,6 +64,13 @@ class TorchComputeGuard(TorchDispatchMode):
         self.allowed = frozenset(allowed)
         self.violations: list[str] = []
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Otherwise torch wraps __torch_dispatch__ in torch._dynamo.disable, whose first call imports
+        # torch._dynamo: 1-2 CPU-seconds in every fresh worker, i.e. in every evaluated candidate. The
+        # guard never runs under torch.compile (a forbidden call in a candidate), so there is nothing to skip.
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         name = op_name(func)
         if name not in self.allowed:

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.backend == "cuda":
         torch.cuda.init()
         torch.empty(1, device="cuda")
-    # Entering a dispatch mode the first time imports torch._dynamo (seconds; more with triton): pay it here.
+    # The guard's first entry, and an op under it, happen here rather than in the candidate's first forward.
     from kevin_exp.bench.runtime_guard import block_torch_compute
 
     with block_torch_compute():

@@ -46,6 +46,7 @@ class FastInfo:
 
     def add(self, what: str, res: proc.ProcResult, **extra) -> None:
         self.steps.append({"step": what, "seconds": round(res.seconds, 3), "ok": res.ok, **extra})
+        self.steps += [{"step": f"{what}: {part}", "seconds": s, "ok": res.ok} for part, s in res.parts.items()]
         self.log += f"== {what} ({res.seconds:.2f} s)\n{res.describe()}\n"
 
 

@@ -86,6 +86,7 @@ def run(argv: list[str], cwd: Path, deadline: float, memory_limit_gb: float,
     first_failure: list[str] = []
     lock = threading.Lock()
     current: dict[str, proc.Job] = {}
+    parts: dict[str, float] = {}
 
     def chain(name: str, commands: list[list[str]]) -> None:
         for c in commands:
@@ -94,6 +95,7 @@ def run(argv: list[str], cwd: Path, deadline: float, memory_limit_gb: float,
                     return
                 job = current[name] = proc.Job(c, cwd, deadline, memory_limit_gb, env=env, group=group)
             res = results[name] = job.wait()
+            parts[f"{name} {'preprocess' if '-E' in c else _tool(c)}"] = round(res.seconds, 3)
             if not res.ok:
                 with lock:
                     if not first_failure:
@@ -111,4 +113,5 @@ def run(argv: list[str], cwd: Path, deadline: float, memory_limit_gb: float,
         res = results[first_failure[0]]
     else:
         res = proc.run(final, cwd, deadline, memory_limit_gb, env=env, group=group)
-    return proc.ProcResult(argv, res.returncode, res.output, time.monotonic() - t0, res.timed_out)
+        parts["host compile"] = round(res.seconds, 3)
+    return proc.ProcResult(argv, res.returncode, res.output, time.monotonic() - t0, res.timed_out, parts)

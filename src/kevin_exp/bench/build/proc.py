@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -27,6 +27,8 @@ class ProcResult:
     output: str
     seconds: float
     timed_out: bool = False
+    # seconds of each tool when this result stands for several (nvcc's steps run by nvcc_pipe)
+    parts: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
