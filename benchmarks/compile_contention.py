@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from kevin_exp.bench.build import proc
 
@@ -30,26 +31,25 @@ def timed_task_s(work: int) -> float:
     return float(out.stdout)
 
 
-def with_launcher_hogs(n: int, work: int, cwd: Path) -> float:
-    jobs = [proc.Job(HOG, cwd, time.monotonic() + 600, memory_limit_gb=0) for _ in range(n)]
+def under_load(start_hog: Callable[[], Callable[[], None]], n: int, work: int) -> float:
+    """The timed task while ``n`` hogs run; ``start_hog`` starts one and returns what stops it."""
+    stops = [start_hog() for _ in range(n)]
     try:
         time.sleep(0.5)
         return timed_task_s(work)
     finally:
-        for job in jobs:
-            job.kill()
+        for stop in stops:
+            stop()
 
 
-def with_new_session_hogs(n: int, work: int) -> float:
+def launcher_hog(cwd: Path) -> Callable[[], None]:
+    return proc.Job(HOG, cwd, time.monotonic() + 600, memory_limit_gb=0).kill
+
+
+def new_session_hog() -> Callable[[], None]:
     argv, _ = proc._limited(HOG, 0)
-    hogs = [subprocess.Popen(argv, start_new_session=True) for _ in range(n)]
-    try:
-        time.sleep(0.5)
-        return timed_task_s(work)
-    finally:
-        for p in hogs:
-            p.kill()
-            p.wait()
+    p = subprocess.Popen(argv, start_new_session=True)
+    return lambda: (p.kill(), p.wait())
 
 
 def autogroup() -> str:
@@ -67,8 +67,8 @@ def main() -> None:
     print(f"cores {os.cpu_count()}, sched_autogroup_enabled {autogroup()}, hogs {args.hogs}, compile niceness {proc.COMPILE_NICENESS}")
     idle = min(timed_task_s(args.work) for _ in range(2))
     with tempfile.TemporaryDirectory() as tmp:
-        launcher = with_launcher_hogs(args.hogs, args.work, Path(tmp))
-    old = with_new_session_hogs(args.hogs, args.work)
+        launcher = under_load(lambda: launcher_hog(Path(tmp)), args.hogs, args.work)
+    old = under_load(new_session_hog, args.hogs, args.work)
     print("| load on the other cores | timed task s | slowdown vs idle |")
     print("|---|---|---|")
     for name, s in (("none", idle), ("hogs via the compile launcher (caller's session, nice 10)", launcher),
