@@ -272,7 +272,6 @@ class WorkerProcess:
         self._output.start()
         self._result_bytes = bytearray()
         self._result_closed = threading.Event()
-        self.exited_at: float | None = None
         self._result_reader = threading.Thread(target=self._read_result, daemon=True)
         self._result_reader.start()
         self.started_at = time.monotonic()
@@ -287,7 +286,7 @@ class WorkerProcess:
                 self._result_bytes += chunk
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return not self._exited()
 
     def run(self, job: dict[str, Any], timeout_s: float) -> WorkerOutcome:
         """Send the job, then wait until the worker has reported a correctly signed result (the worker's
@@ -305,6 +304,7 @@ class WorkerProcess:
         if ended != "reported":
             # whatever is left (a timed-out worker, children holding the result pipe) goes with the group
             self._kill_group()
+            self._reap_only()
             self._result_reader.join(timeout=5)
             self._output.join(timeout=5)
         result, forged = read_signed_result(key, bytes(self._result_bytes))
@@ -332,11 +332,8 @@ class WorkerProcess:
                     return "reported"
             elif result_checked:
                 # the pipe closed without a valid result: the process decides (it may still crash or hang)
-                try:
-                    self.proc.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    pass
-            if self.proc.poll() is not None:
+                time.sleep(0.05)
+            if self._exited():
                 return "exited"
             now = time.monotonic()
             if now > deadline:
@@ -346,7 +343,21 @@ class WorkerProcess:
                 if _session_rss_bytes(self.proc.pid) > self.memory_limit_bytes:
                     return "memory"
 
+    def _exited(self) -> bool:
+        """Whether the worker has exited, without reaping it: until it is reaped its pid (= its process group's
+        id) cannot be reused, so killing the group afterwards can only reach what the worker left behind."""
+        if self.proc.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return self.proc.poll() is not None
+        except (AttributeError, OSError):  # no waitid here
+            return self.proc.poll() is not None
+
     def _kill_group(self) -> None:
+        if self.proc.returncode is not None:
+            return  # reaped already, after its group was killed: the id may belong to someone else now
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -356,12 +367,14 @@ class WorkerProcess:
         self._kill_group()
         self._reap()
 
-    def _reap(self) -> None:
+    def _reap_only(self) -> None:
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        self.exited_at = time.monotonic()
+
+    def _reap(self) -> None:
+        self._reap_only()
         self._cleanup()
 
     def _cleanup(self) -> None:
