@@ -45,22 +45,21 @@ def test_the_callers_priority_is_unchanged(tmp_path: Path) -> None:
     assert os.nice(0) == before
 
 
-def test_compiles_share_the_callers_session_so_their_niceness_counts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("with_prlimit", [True, False])
+def test_compiles_share_the_callers_session_so_their_niceness_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_prlimit: bool
+) -> None:
     # Under autogroup scheduling each session is its own scheduling group and niceness only ranks tasks
     # within one: a compiler in a new session would compete with the run worker as an equal.
+    if not with_prlimit:
+        monkeypatch.setattr(proc, "_PRLIMIT", None)
     ids = [sys.executable, "-c", "import os; print(os.getsid(0), os.getpgid(0), os.getpid())"]
-    for with_prlimit in (True, False):
-        saved = proc._PRLIMIT
-        proc._PRLIMIT = proc._PRLIMIT if with_prlimit else None
-        try:
-            res = proc.run(ids, tmp_path, time.monotonic() + 30, memory_limit_gb=0)
-        finally:
-            proc._PRLIMIT = saved
-        assert res.ok, res.describe()
-        sid, pgid, pid = map(int, res.output.split())
-        assert sid == os.getsid(0)
-        # its own process group all the same, so a timeout kills the compiler and every child it started
-        assert pgid == pid != os.getpgid(0)
+    res = proc.run(ids, tmp_path, time.monotonic() + 30, memory_limit_gb=0)
+    assert res.ok, res.describe()
+    sid, pgid, pid = map(int, res.output.split())
+    assert sid == os.getsid(0)
+    # its own process group all the same, so a timeout kills the compiler and every child it started
+    assert pgid == pid != os.getpgid(0)
 
 
 def test_a_timed_out_compile_is_killed_with_its_children(tmp_path: Path) -> None:

@@ -304,7 +304,7 @@ class WorkerProcess:
         if ended != "reported":
             # whatever is left (a timed-out worker, children holding the result pipe) goes with the group
             self._kill_group()
-            self._reap_only()
+            self._wait_exit()
             self._result_reader.join(timeout=5)
             self._output.join(timeout=5)
         result, forged = read_signed_result(key, bytes(self._result_bytes))
@@ -350,9 +350,7 @@ class WorkerProcess:
             return True
         try:
             return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-        except ChildProcessError:
-            return self.proc.poll() is not None
-        except (AttributeError, OSError):  # no waitid here
+        except (AttributeError, OSError):  # no waitid on this platform, or the child is gone already
             return self.proc.poll() is not None
 
     def _kill_group(self) -> None:
@@ -363,18 +361,14 @@ class WorkerProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def kill(self) -> None:
-        self._kill_group()
-        self._reap()
-
-    def _reap_only(self) -> None:
+    def _wait_exit(self) -> None:
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
 
     def _reap(self) -> None:
-        self._reap_only()
+        self._wait_exit()
         self._cleanup()
 
     def _cleanup(self) -> None:
