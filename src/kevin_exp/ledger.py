@@ -13,12 +13,13 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from kevin_exp.errors import EXIT_USER_ERROR, UserError, report
 from kevin_exp.records import JsonlWriter, git_state, read_jsonl
 
 SWEEP_FILE = "sweep.json"
 
 
-class SweepOverwriteError(RuntimeError):
+class SweepOverwriteError(UserError):
     pass
 
 
@@ -60,15 +61,16 @@ class SweepLedger(Callback):
         sweep_dir = Path(hydra_cfg.sweep.dir).resolve()
         params = OmegaConf.to_container(hydra_cfg.sweeper.params, resolve=True) if hydra_cfg.sweeper.get("params") else {}
         if config.get("sweep_name"):
-            # a named sweep owns its directory; unnamed ones share outputs/sweeps/default, where each job's
-            # directory is still a function of its overrides, so no job's records are ever overwritten
+            # a named sweep owns its directory (relaunching it continues it); an unnamed one gets a new
+            # date-time directory each launch
             try:
                 launch_keys = set(hydra_cfg.job.config.override_dirname.exclude_keys)
                 identity = sweep_identity(list(hydra_cfg.overrides.task), params or {}, launch_keys)
                 claim_sweep_dir(sweep_dir, identity)
             except SweepOverwriteError as e:
                 # Hydra turns a callback's exceptions into warnings; nothing may be launched, so exit here
-                raise SystemExit(f"error: {e}") from None
+                report(e)
+                raise SystemExit(EXIT_USER_ERROR) from None
         entry = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "sweep_name": config.get("sweep_name"),
@@ -76,10 +78,27 @@ class SweepLedger(Callback):
             "command": _command(),
             "git": git_state(),
             "params": params,
+            "swept": swept_values(list(hydra_cfg.overrides.task), params or {}),
         }
         writer = JsonlWriter(self.path)
         writer.append([entry])
         writer.close()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        print(f"sweep done: {sweep_dir}\ntabulate it: python analysis/ablation_table.py {sweep_dir}", flush=True)
+
+
+def swept_values(task_overrides: list[str], params: dict[str, Any]) -> dict[str, list[str]]:
+    """Every swept key with its values, from a sweep file's params and the command line's value lists."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    lines = [f"{k}={v}" for k, v in params.items()] + task_overrides
+    swept: dict[str, list[str]] = {}
+    for override in OverridesParser.create().parse_overrides(lines):
+        if override.is_sweep_override():
+            swept[override.get_key_element()] = [str(v) for v in override.sweep_string_iterator()]
+    return swept
 
 
 def ledger_entries(path: str | Path = "outputs/ledger.jsonl", sweep_name: str | None = None) -> list[dict[str, Any]]:

@@ -7,7 +7,9 @@ from typing import Any
 
 
 class Progress:
-    def __init__(self, mode: str, total_steps: int, first_step: int, units_per_step: int) -> None:
+    """Steps are 1-based: ``steps_done`` is how many of ``total_steps`` finished before this start."""
+
+    def __init__(self, mode: str, total_steps: int, steps_done: int, units_per_step: int) -> None:
         if mode == "auto":
             mode = "bar" if sys.stdout.isatty() else "lines"
         if mode not in ("bar", "lines", "none"):
@@ -21,10 +23,10 @@ class Progress:
 
             self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             self._bar.start()
-            self._task = self._bar.add_task("training", total=(total_steps - first_step) * units_per_step)
+            self._task = self._bar.add_task("training", total=(total_steps - steps_done) * units_per_step)
 
     def turn(self, step: int, turn: int, group: int, generate_s: float) -> None:
-        msg = f"step {step + 1}/{self.total_steps} turn {turn + 1} group {group + 1}: generated in {generate_s:.1f} s"
+        msg = f"step {step}/{self.total_steps} turn {turn + 1} group {group + 1}: generated in {generate_s:.1f} s"
         if self._bar is not None:
             self._bar.update(self._task, advance=1, description=msg)
         elif self.mode == "lines":
@@ -32,7 +34,7 @@ class Progress:
 
     def step(self, metrics: dict[str, Any]) -> None:
         line = (
-            f"step {metrics['step'] + 1}/{self.total_steps}: reward {metrics['reward_mean']:.3f} (max {metrics['reward_max']:.3f}), "
+            f"step {metrics['step']}/{self.total_steps}: reward {metrics['reward_mean']:.3f} (max {metrics['reward_max']:.3f}), "
             f"correct {metrics['correct_ratio']:.0%}, loss {metrics['loss']:.4g}, grad norm {metrics['grad_norm']:.3g}, "
             f"{metrics['generate_s']:.0f}/{metrics['evaluate_s']:.0f}/{metrics['train_s']:.0f} s gen/eval/train"
         )

@@ -16,13 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kevin_exp.config import TrainConfig
+from kevin_exp.errors import UserError
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SHARDING_TRAINERS = {"deepspeed"}
 GB = 1e9
 
 
-class ResourceError(ValueError):
+class ResourceError(UserError):
     pass
 
 

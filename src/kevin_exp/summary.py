@@ -1,10 +1,15 @@
-"""The one-screen summary a run ends with: where its records are, and what each step did."""
+"""The one-screen summary a run ends with: what each step did, the headline numbers, where the records are,
+and the commands to run next."""
 from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
 
+from kevin_exp.config import TrainConfig
 from kevin_exp.records import read_jsonl
+
+# models that write no compiling kernel at all: their reward stays 0 and there is nothing to learn from
+SMOKE_MODELS = ("tiny", "smollm2_135m")
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -28,7 +33,7 @@ def summary_lines(run_dir: Path) -> list[str]:
             continue
         per_turn = " ".join(f"{c:5.0%}" for c in m.get("correct_per_turn", []))
         lines.append(
-            f"{m['step'] + 1:>4} {m['reward_mean']:7.3f} {m['reward_max']:6.2f} {m['correct_ratio']:7.0%} {per_turn} "
+            f"{m['step']:>4} {m['reward_mean']:7.3f} {m['reward_max']:6.2f} {m['correct_ratio']:7.0%} {per_turn} "
             f"{_fmt(m.get('speedup_mean'), '7.2f'):>7} {m['loss']:9.3g} {m['grad_norm']:7.3g} "
             f"{m['generate_s']:6.1f} {m['evaluate_s']:6.1f} {m['train_s']:7.1f}"
         )
@@ -42,8 +47,29 @@ def summary_lines(run_dir: Path) -> list[str]:
     return lines
 
 
-def print_summary(run_dir: Path) -> float:
+def headline_lines(run_dir: Path, cfg: TrainConfig) -> list[str]:
+    """The run in three numbers, where its records are, and what to do next."""
+    turns = read_jsonl(run_dir / "turns.jsonl")
+    if not turns:
+        return []
+    n = len(turns)
+    reward = sum(r["score"] for r in turns) / n
+    lines = ["", f"over {n} kernels: mean reward {reward:.3f}, correct {sum(bool(r['correct']) for r in turns) / n:.0%}, "
+             f"format errors {sum(r['status'] == 'format_error' for r in turns) / n:.0%}",
+             f"records: {run_dir}/turns.jsonl, metrics.jsonl; transcripts: python -m kevin_exp.show {run_dir}",
+             f"plots: python analysis/plots.py {run_dir} --out {run_dir}/plots; "
+             f"tables: python analysis/ablation_table.py {run_dir}",
+             f"evaluate it: python -m kevin_exp.evaluate checkpoint={run_dir}"]
+    if cfg.model.name in SMOKE_MODELS and cfg.rollout.env == "kernel":
+        lines += ["", f"note: model={cfg.model.name} is a smoke-scale policy that writes no valid kernels, so its reward "
+                  "stays at 0 and the update has nothing to learn from. To see the learner learn on a CPU in a few "
+                  "minutes, use the compile-free reward: python -m kevin_exp.train model=tiny rollout.env=synthetic "
+                  "steps=20 trainer.lr=1e-3; for kernels, a 7B+ model on a GPU (experiment=kevin_7b)."]
+    return lines
+
+
+def print_summary(run_dir: Path, cfg: TrainConfig) -> float:
     """Prints the summary; returns the last step's mean reward (the value a Hydra sweeper would optimise)."""
-    print("\n".join(summary_lines(run_dir)), flush=True)
+    print("\n".join(summary_lines(run_dir) + headline_lines(run_dir, cfg)), flush=True)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     return float(metrics[-1]["reward_mean"]) if metrics else 0.0

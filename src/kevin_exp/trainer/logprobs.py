@@ -11,6 +11,10 @@ from typing import Sequence
 
 import torch
 
+from kevin_exp.rl.sampling import processed_logits
+
+LOGPROB_FLOOR = -1e3
+
 
 @dataclass
 class PackedBatch:
@@ -41,22 +45,22 @@ def pack(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id: i
 
 
 def response_logprobs(model: torch.nn.Module, batch: PackedBatch, with_entropy: bool = False,
-                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      temperature: float = 1.0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, R) log-probs of the response tokens (and their per-token entropy when asked).
 
-    Logits are divided by the sampling ``temperature`` so the ratios are taken against the distribution
-    the tokens were actually drawn from (0 = greedy sampling: left at 1).
+    The logits go through the sampler's own ``processed_logits`` (temperature, then the top-p nucleus), so
+    the ratios are taken against the distribution the tokens were actually drawn from. A token outside the
+    nucleus (possible only when the weights moved since sampling) gets a floor log-prob instead of -inf.
     """
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                 logits_to_keep=batch.keep, use_cache=False)
     # position j of the kept logits predicts kept token j + 1
-    logits = out.logits[:, :-1, :].float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
+    logits = processed_logits(out.logits[:, :-1, :].float(), temperature, top_p)
     logp = torch.log_softmax(logits, dim=-1)
-    token_logp = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    token_logp = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1).clamp(min=LOGPROB_FLOOR)
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = -(logp.exp() * logp).sum(-1)
+            p = logp.exp()
+            entropy = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
     return token_logp, entropy

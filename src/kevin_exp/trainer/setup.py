@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from kevin_exp.config import TasksConfig, TrainConfig
+from kevin_exp.errors import UserError
 from kevin_exp.tasks import Problem, load_builtin, load_kernelbench, select
 from kevin_exp.tasks.splits import apply_split
 
@@ -18,7 +19,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-class TaskPoolError(ValueError):
+class TaskPoolError(UserError):
     """The tasks settings select nothing usable; the message names the key and the fix."""
 
 
@@ -33,7 +34,10 @@ def load_task_pool(cfg: TasksConfig) -> list[Problem]:
                 f"tasks.kernelbench_path={cfg.kernelbench_path}: no such folder; point it at a KernelBench checkout "
                 "(the folder holding KernelBench/level1 ...)"
             )
-        pool = load_kernelbench(cfg.kernelbench_path, cfg.levels)
+        try:
+            pool = load_kernelbench(cfg.kernelbench_path, cfg.levels)
+        except (FileNotFoundError, ValueError) as e:
+            raise TaskPoolError(f"tasks.kernelbench_path={cfg.kernelbench_path}: {e}") from None
     else:
         raise TaskPoolError(f"tasks.suite={cfg.suite!r}: expected builtin or kernelbench")
     try:

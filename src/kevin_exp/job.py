@@ -1,0 +1,47 @@
+"""What every entry point does first inside a Hydra job: the typed, checked settings of this job, with the
+run folder and the sweep's name filled in from Hydra, and the process's thread budget applied."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from kevin_exp.config import TrainConfig, to_typed
+from kevin_exp.preflight import check_run_inputs, launched_by_cluster
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    cfg: TrainConfig
+    # the sweep's name (its runs share a W&B group), None for a single run
+    sweep: str | None
+
+
+def sweep_group(cfg: TrainConfig) -> str | None:
+    """A sweep's name: sweep_name, or the sweep directory's name."""
+    hc = HydraConfig.get()
+    if cfg.sweep_name or hc.mode != RunMode.MULTIRUN:
+        return cfg.sweep_name
+    return Path(hc.sweep.dir).name
+
+
+def job_settings(cfg: DictConfig, entry: str) -> JobSettings:
+    """The job's typed config (raises a UserError naming any bad setting or missing input)."""
+    typed = to_typed(cfg)
+    hc = HydraConfig.get()
+    run_dir = typed.run_dir or hc.runtime.output_dir
+    typed = dataclasses.replace(typed, run_dir=str(Path(run_dir).resolve()))
+    check_run_inputs(typed, entry, memory_check=not launched_by_cluster())
+    if hc.mode == RunMode.MULTIRUN:
+        print(f"job #{hc.job.num}: {' '.join(hc.overrides.task) or 'no overrides'} -> {typed.run_dir}", flush=True)
+    return JobSettings(typed, sweep_group(typed))
+
+
+def model_chosen(overrides: list[str]) -> bool:
+    """The command line picks a model (the group, one of its keys, or an experiment that sets one)."""
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    return any(k == "model" or k.startswith("model.") or k == "experiment" for k in keys)

@@ -1,0 +1,171 @@
+"""Before Hydra runs or launches anything: compose every point of the launch and check it.
+
+``preflight(config_name, argv)`` expands a multirun into its points the way Hydra's basic sweeper does
+(command-line sweeps and a sweep file's ``hydra.sweeper.params``), composes each, and checks its settings
+(``config.to_typed``) and its inputs (tasks, model path, checkpoint, memory: ``check_run_inputs``). A bad
+point is one ``UserError`` naming the setting, the value and what is allowed, raised before any run
+folder, ledger line, model, compiler or cluster is touched. Hydra's own composition errors (an unknown key,
+a value of the wrong type, a missing group option) are translated into the same one-line form.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from omegaconf import DictConfig, OmegaConf
+
+from kevin_exp.config import ConfigError, TrainConfig, to_typed
+from kevin_exp.errors import UserError, one_line
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# what Hydra does with these prints or explains; nothing runs, so nothing is checked
+_INFO_FLAGS = ("help", "hydra_help", "info", "shell_completion", "experimental_rerun")
+
+
+def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
+    if isinstance(node, dict):
+        keys = []
+        for k, v in node.items():
+            keys += [f"{prefix}{k}"] + _leaf_keys(v, f"{prefix}{k}.")
+        return keys
+    return []
+
+
+def _closest(key: str, known: Iterable[str]) -> str:
+    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]}?)" if match else ""
+
+
+def explain_composition_error(error: Exception, entry: str, known_keys: Iterable[str]) -> str:
+    """Hydra's multi-line composition error as one line: the setting, the value, what is allowed."""
+    text, cause = str(error), str(error.__cause__ or "")
+    unknown = re.search(r"Could not override '([^']+)'", text)
+    if unknown and ("not in" in cause or "not in struct" in cause):
+        key = unknown.group(1)
+        return (f"{key}: no such setting{_closest(key, known_keys)}; `python -m kevin_exp.{entry} --cfg job` lists "
+                f"every setting, --help the groups")
+    merging = re.search(r"Error merging override (\S+)", text)
+    converted = re.search(r"could not be converted to (\w+)", cause)
+    if merging and converted:
+        return f"{merging.group(1)}: expected a value of type {converted.group(1).lower()}"
+    if merging:
+        return f"{merging.group(1)}: {one_line(cause.splitlines()[0] if cause else text)}"
+    missing = re.search(r"Could not find '([^']+)/([^']+)'", text)
+    if missing:
+        group, option = missing.groups()
+        options = re.findall(r"^\t(\S+)$", text, flags=re.M)
+        return f"{group}={option}: no such option; available: {', '.join(options) or 'none'}"
+    return one_line(text + (f" ({cause})" if cause else ""))
+
+
+class Composer:
+    """Composes points of one entry point's config with Hydra's compose API (outside any running job)."""
+
+    def __init__(self, config_name: str) -> None:
+        self.config_name = config_name
+        self.entry = "evaluate" if config_name == "evaluate" else "train"
+        self._known: list[str] | None = None
+
+    def compose(self, overrides: list[str]) -> DictConfig:
+        from hydra import compose, initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        failure: Exception | None = None
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                try:
+                    return compose(self.config_name, overrides=overrides, return_hydra_config=True)
+                except Exception as e:  # every composition failure is a setting the user gave
+                    failure = e
+        finally:
+            GlobalHydra.instance().clear()
+        raise ConfigError(explain_composition_error(failure, self.entry, self.known_keys())) from None
+
+    def known_keys(self) -> list[str]:
+        if self._known is None:
+            base = self.compose([])
+            self._known = _leaf_keys(OmegaConf.to_container(base, resolve=False))
+        return self._known
+
+
+def launch_points(composer: Composer, overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The override list of every job this launch runs (one for a single run)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(overrides)
+    except Exception as e:
+        raise ConfigError(one_line(str(e))) from None
+    if not multirun:
+        swept = [o.input_line for o in parsed if o.is_sweep_override()]
+        if swept:
+            raise ConfigError(f"{swept[0]}: a list of values needs -m (a multirun); without -m give one value")
+        return [overrides]
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    base = composer.compose(fixed)
+    params = base.hydra.sweeper.get("params")
+    swept = OmegaConf.to_container(params, resolve=False) if params else {}
+    lines = [f"{k}={v}" for k, v in swept.items()] + list(overrides)
+    batches = BasicSweeper.split_arguments(parser.parse_overrides(lines), None)
+    return [list(point) for batch in batches for point in batch]
+
+
+def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True) -> None:
+    """What a run needs besides valid settings: its tasks, its model's weights, its checkpoint, and (on a
+    GPU) enough memory. Raises a UserError naming the setting and the fix."""
+    from kevin_exp.models.loading import check_model_path
+    from kevin_exp.resources import check_resources, uses_gpu
+    from kevin_exp.trainer.setup import load_task_pool
+
+    load_task_pool(cfg.tasks)
+    check_model_path(cfg.model)
+    if entry == "evaluate" and cfg.checkpoint:
+        from kevin_exp.trainer.checkpoint import find_checkpoint
+
+        find_checkpoint(cfg.checkpoint)
+    if memory_check and uses_gpu(cfg):
+        check_resources(cfg)
+
+
+def launched_by_cluster(cfg: DictConfig | None = None) -> bool:
+    """A cluster launch's memory check is its launcher's (it knows the GPUs each job gets)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if cfg is not None and "hydra" in cfg:
+        choices = cfg.hydra.runtime.choices
+    elif HydraConfig.initialized():
+        choices = HydraConfig.get().runtime.choices
+    else:
+        return False
+    return "submitit" in str(choices.get("hydra/launcher", ""))
+
+
+def preflight(config_name: str, argv: list[str]) -> list[TrainConfig]:
+    """Checks every point of the launch that ``argv`` asks for; returns their typed configs."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    if any(getattr(args, flag) for flag in _INFO_FLAGS) or args.config_name or args.config_path or args.config_dir:
+        return []
+    composer = Composer(config_name)
+    checked = []
+    points = launch_points(composer, list(args.overrides), bool(args.multirun))
+    for point in points:
+        cfg = composer.compose(point)
+        try:
+            typed = to_typed(cfg, overrides=point)
+            if not args.cfg:
+                check_run_inputs(typed, composer.entry, memory_check=not launched_by_cluster(cfg))
+        except UserError as e:
+            raise type(e)(f"{e}{_which(point, len(points))}") from None
+        checked.append(typed)
+    return checked
+
+
+def _which(point: list[str], n_points: int) -> str:
+    return f" (in the sweep point {' '.join(point)})" if n_points > 1 else ""

@@ -1,0 +1,61 @@
+"""A generator that answers from a script instead of a model (``rollout.backend=scripted``).
+
+For smoke runs and tests on machines whose model cannot write a kernel (a random tiny model, SmolLM2): the
+evaluator still compiles, checks and times real kernels, and everything downstream (credit, learner,
+records) is real. Trajectory 0 of each task answers with the task's built-in solution, trajectory 1 with the
+same code broken so it does not compile, the others with prose and no code block. It reports no sampling
+log-probs (the tokens were not sampled), so ``logprob_diff`` is empty for it.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import torch
+
+from kevin_exp.rollout.generation import Generation
+from kevin_exp.tasks import Problem
+
+CODE_FENCE = "`" * 3
+
+
+class ScriptedGenerator:
+    """Answers each prompt from the script above; prompts come in (task, trajectory) order, ``n_trajectories``
+    per task, as the rollout loop sends them."""
+
+    def __init__(self, tokenizer, tasks: list[Problem], backend: str, n_trajectories: int) -> None:
+        self.tokenizer, self.tasks, self.backend, self.n = tokenizer, tasks, backend, n_trajectories
+
+    def _task_of(self, prompt: str) -> Problem:
+        hits = [t for t in self.tasks if t.source.strip() in prompt]
+        assert len(hits) == 1, f"prompt matches {len(hits)} tasks"
+        return hits[0]
+
+    def response(self, task: Problem, trajectory: int) -> str:
+        if trajectory == 0:
+            code = task.solution(self.backend)
+            return f"Okay, a direct kernel.\n{CODE_FENCE}python\n{code}\n{CODE_FENCE}\nSummary: one fused loop."
+        if trajectory == 1:
+            # the real solution with a C++ syntax error after its first #include
+            code = re.sub(r"(#include[^\n]*\n)", r"\1int broken( {\n", task.solution(self.backend), count=1)
+            return f"Okay, try this.\n{CODE_FENCE}python\n{code}\n{CODE_FENCE}\nSummary: broken."
+        return "Okay, I am still thinking about the memory layout."
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                 seed: int) -> list[Generation]:
+        out = []
+        for i, ids in enumerate(prompts):
+            task = self._task_of(self.tokenizer.decode(ids))
+            text = self.response(task, i % self.n)
+            resp = self.tokenizer.encode(text, add_special_tokens=False)
+            out.append(Generation(list(ids), resp, text, truncated=False))
+        return out
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        pass
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass

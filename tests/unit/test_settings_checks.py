@@ -1,0 +1,85 @@
+"""Every setting is checked when the config is composed: enumerations against what the code implements,
+numbers against their ranges, cross-field rules; aliases of the same setting are reconciled."""
+from __future__ import annotations
+
+import pytest
+
+from kevin_exp.config import ConfigError
+from tests.helpers import compose_train
+
+BAD_CHOICES = [
+    ("algorithm.normalization=tokn", "algorithm.normalization='tokn': expected one of constant, token, sequence"),
+    ("normalization=tokn", "normalization='tokn': expected one of constant, token, sequence"),
+    ("algorithm.estimator=rloo", "algorithm.estimator='rloo': expected one of grpo, trloo"),
+    ("algorithm.aggregation=mean", "algorithm.aggregation='mean': expected one of sum, max"),
+    ("trainer.backend=deepspeed", "trainer.backend=deepspeed: not implemented yet; implemented: torch"),
+    ("rollout.backend=vllm", "rollout.backend=vllm: not implemented yet; implemented: hf, scripted"),
+    ("rollout.env=real", "rollout.env='real': expected one of kernel, synthetic"),
+    ("evaluator.backend=tpu", "evaluator.backend='tpu': expected one of auto, cpu, cuda"),
+    ("evaluator.build_mode=slow", "evaluator.build_mode='slow': expected one of fast, torch"),
+    ("tasks.suite=other", "tasks.suite='other': expected one of builtin, kernelbench"),
+    ("tasks.split=half", "tasks.split='half': expected one of all, kevin_train, kevin_holdout"),
+    ("logger.kind=csv", "logger.kind='csv': expected one of jsonl, wandb"),
+    ("logger.progress=bars", "logger.progress='bars': expected one of auto, bar, lines, none"),
+    ("model.dtype=float16", "model.dtype='float16': expected one of float32, bfloat16"),
+    ("resume=maybe", "resume='maybe': expected one of auto, never"),
+    ("trainer.device=gpu", "trainer.device='gpu': expected auto, cpu, cuda or cuda:N"),
+]
+
+BAD_NUMBERS = [
+    ("gamma=1.5", "gamma=1.5: expected a number in [0, 1]"),
+    ("gamma=-0.1", "gamma=-0.1: expected a number in [0, 1]"),
+    ("n_turns=0", "n_turns=0: expected >= 1"),
+    ("steps=-1", "steps=-1: expected >= 1"),
+    ("n_trajectories=0", "n_trajectories=0: expected >= 1"),
+    ("tasks_per_step=0", "tasks_per_step=0: expected >= 1"),
+    ("rollout.max_new_tokens=0", "rollout.max_new_tokens=0: expected >= 1"),
+    ("rollout.max_prompt_tokens=0", "rollout.max_prompt_tokens=0: expected >= 1"),
+    ("rollout.temperature=0", "rollout.temperature=0.0: expected > 0"),
+    ("rollout.top_p=0", "rollout.top_p=0.0: expected a number in (0, 1]"),
+    ("rollout.top_p=1.5", "rollout.top_p=1.5: expected a number in (0, 1]"),
+    ("trainer.lr=0", "trainer.lr=0.0: expected > 0"),
+    ("trainer.micro_batch_size=0", "trainer.micro_batch_size=0: expected >= 1"),
+    ("trainer.keep_checkpoints=0", "trainer.keep_checkpoints=0: expected >= 1"),
+    ("evaluator.timed_trials=0", "evaluator.timed_trials=0: expected >= 1"),
+    ("eval.n_turns=0", "eval.n_turns=0: expected >= 1"),
+    ("resources.max_memory_fraction=1.2", "resources.max_memory_fraction=1.2: expected a number in (0, 1]"),
+    ("tasks.levels=[]", "tasks.levels=[]: expected at least one value"),
+    ("tasks.levels=[1,9]", "tasks.levels=[1, 9]: 9 is not a number in [1, 4]"),
+]
+
+
+@pytest.mark.parametrize("override, message", BAD_CHOICES + BAD_NUMBERS, ids=[o for o, _ in BAD_CHOICES + BAD_NUMBERS])
+def test_a_bad_setting_is_refused_at_composition_naming_key_value_and_what_is_allowed(override, message):
+    with pytest.raises(ConfigError) as caught:
+        compose_train([override])
+    assert message in str(caught.value)
+
+
+def test_cross_field_rules():
+    with pytest.raises(ConfigError, match="model.path=null: model.source=hf needs model.path"):
+        compose_train(["model.source=hf"])
+    with pytest.raises(ConfigError, match="backend=scripted answers with kernels: it needs rollout.env=kernel"):
+        compose_train(["rollout.backend=scripted", "rollout.env=synthetic"])
+    with pytest.raises(ConfigError, match="tasks.split=kevin_train: Kevin's splits are of KernelBench"):
+        compose_train(["tasks.split=kevin_train"])
+
+
+def test_every_problem_is_named_once_in_one_error():
+    with pytest.raises(ConfigError) as caught:
+        compose_train(["gamma=2", "n_turns=0"])
+    text = str(caught.value)
+    assert "gamma=2.0" in text and "n_turns=0" in text
+    assert "algorithm.gamma" not in text  # the alias fails only because its knob does: named once
+
+
+@pytest.mark.parametrize("knob, alias, value", [("gamma", "algorithm.gamma", 0.9),
+                                                ("normalization", "algorithm.normalization", "token")])
+def test_an_alias_set_either_way_is_the_value_of_both(knob, alias, value):
+    group, name = alias.split(".")
+    by_alias = compose_train([f"{alias}={value}"])
+    by_knob = compose_train([f"{knob}={value}"])
+    for cfg in (by_alias, by_knob):
+        assert getattr(cfg, knob) == value == getattr(getattr(cfg, group), name)
+    with pytest.raises(ConfigError, match=f"{knob}=.* and {alias}=.* are the same setting with two values"):
+        compose_train([f"{alias}={value}", f"{knob}={'0.1' if knob == 'gamma' else 'sequence'}"])
