@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.unit.test_analysis_metrics import write_hand_sweep
+from tests.unit.test_analysis_metrics import write_eval_sweep, write_hand_sweep
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,7 +95,7 @@ def test_latex_and_training_split(sweep):
             "0.90x [0.00, 1.50] & ") in result.stdout
     assert "Per turn" not in result.stdout
 
-    # only run A has training rows; its last step (1): T1 traj0 1.0x, traj1 nothing correct
+    # only run A has training rows; its last step (2): T1 traj0 1.0x, traj1 nothing correct
     result = run_script("ablation_table.py", str(sweep), "--split", "train", "--no-turns")
     assert result.returncode == 0, result.stderr
     assert "note: no train rows in run_B, run_C: left out" in result.stderr
@@ -103,19 +103,145 @@ def test_latex_and_training_split(sweep):
             "100.0% [100.0, 100.0] | 50.0% [50.0, 50.0] | 0.0% [0.0, 0.0] | 0.0% [0.0, 0.0] | 1 | 1 |") in result.stdout
 
 
-def test_errors_name_the_argument(tmp_path, ledger):
-    result = run_script("ablation_table.py", "nope", "--ledger", str(ledger))
-    assert result.returncode == 2
-    assert f"error: nope: not a run directory, not a sweep directory, and no sweep of that name in the ledger {ledger}" \
-        in result.stderr
-    result = run_script("ablation_table.py", "hand", "--ledger", str(ledger), "--steps", "9:3")
-    assert result.returncode == 2 and "--steps '9:3'" in result.stderr
+def user_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The one stderr line of a user error, after checking the exit status and that nothing else was printed."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("script", ["ablation_table.py", "plots.py"])
+def test_user_errors_find_runs(tmp_path, sweep, ledger, script):
+    out = ["--out", str(tmp_path / "figures")] if script == "plots.py" else []
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert user_error(run_script(script, str(empty), *out)) == \
+        f"error: {empty}: a directory with no turns.jsonl and no subfolder holding one"
+    assert user_error(run_script(script, "nope", "--ledger", str(ledger), *out)) == \
+        f"error: nope: not a run directory, not a sweep directory, and no sweep of that name in the ledger {ledger}"
+    missing = tmp_path / "no_ledger.jsonl"
+    assert user_error(run_script(script, "hand", "--ledger", str(missing), *out)) == (
+        f"error: hand: not a run directory, not a sweep directory, and there is no ledger at {missing} to look up "
+        "a sweep of that name (--ledger names another)")
+    with ledger.open("a") as f:
+        f.write(json.dumps({"sweep_name": "gone", "sweep_dir": str(tmp_path / "gone")}) + "\n")
+    assert user_error(run_script(script, "gone", "--ledger", str(ledger), *out)) == (
+        f"error: gone: the ledger {ledger} puts this sweep in {tmp_path / 'gone'}, which holds no run "
+        "(no */turns.jsonl)")
+    turns = sweep / "run_A" / "turns.jsonl"
+    assert user_error(run_script(script, str(turns), *out)) == \
+        f"error: {turns}: a file; pass a run directory (it holds turns.jsonl), a sweep directory or a sweep name"
+
+
+def test_user_errors_pick_rows(tmp_path, sweep):
+    run_b = str(sweep / "run_B")
+    assert user_error(run_script("ablation_table.py", run_b, "--split", "train")) == \
+        f"error: --split train: no train rows in any of {run_b}"
+    blank = tmp_path / "blank"
+    blank.mkdir()
+    (blank / "turns.jsonl").write_text("")
+    assert user_error(run_script("ablation_table.py", str(blank))) == \
+        f"error: no train or eval rows in any of {blank}: their turns.jsonl files hold no rows"
+    assert user_error(run_script("ablation_table.py", str(sweep), "--steps", "9:3")) == \
+        "error: --steps '9:3': the window ends before it starts"
+    assert user_error(run_script("ablation_table.py", str(sweep), "--steps", "first")) == (
+        "error: --steps 'first': expected last, all, or a:b (steps a to b, both included; the first training step "
+        "is 1)")
+    # the eval rows are all of step 5; the training rows of run A are of steps 1 and 2
+    assert user_error(run_script("ablation_table.py", str(sweep), "--steps", "6:9")) == \
+        "error: --steps 6:9: no eval rows in that window; the runs hold eval rows of steps 5"
+    assert user_error(run_script("plots.py", str(sweep), "--split", "train", "--steps", ":0", "--out",
+                                 str(tmp_path / "f"))) == \
+        "error: --steps :0: no train rows in that window; the runs hold train rows of steps 1, 2"
+    assert not (tmp_path / "f").exists()  # nothing written, not even the directory
+    assert user_error(run_script("ablation_table.py", str(sweep), "--turns", "0")) == \
+        "error: --turns 0: expected 1 or more"
+    assert user_error(run_script("ablation_table.py", str(sweep), "--turns", "two")) == \
+        "error: argument --turns: invalid int value: 'two' (see ablation_table.py --help)"
+    assert user_error(run_script("ablation_table.py", str(sweep), "--resamples", "-1")) == \
+        "error: --resamples -1: expected 0 (no intervals) or more"
+    assert user_error(run_script("ablation_table.py", str(sweep), "--budget", "0")) == \
+        "error: --budget 0: expected a positive number of kernels per task"
+    assert user_error(run_script("ablation_table.py", str(sweep), "--budget", "lots")) == \
+        "error: argument --budget: invalid int value: 'lots' (see ablation_table.py --help)"
+    assert user_error(run_script("ablation_table.py", str(sweep), "--format", "html")) == (
+        "error: argument --format: invalid choice: 'html' (choose from 'markdown', 'csv', 'latex') "
+        "(see ablation_table.py --help)")
+    assert user_error(run_script("plots.py", str(sweep))) == \
+        "error: the following arguments are required: --out (see plots.py --help)"
+
+
+def test_user_errors_unwritable_out(tmp_path, sweep):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    assert user_error(run_script("ablation_table.py", str(sweep), "--out", str(a_file / "t.md"))) == \
+        f"error: --out {a_file / 't.md'}: {a_file} is a file, not a directory"
+    assert user_error(run_script("ablation_table.py", str(sweep), "--out", str(a_file / "deeper" / "t.md"))) == \
+        f"error: --out {a_file / 'deeper' / 't.md'}: {a_file} is a file, not a directory"
+    assert user_error(run_script("ablation_table.py", str(sweep), "--out", str(tmp_path))) == \
+        f"error: --out {tmp_path}: a directory; name a file"
+    assert user_error(run_script("plots.py", str(sweep), "--out", str(a_file))) == \
+        f"error: --out {a_file}: a file, not a directory; name a directory"
+    assert user_error(run_script("plots.py", str(sweep), "--out", str(a_file / "figures"))) == \
+        f"error: --out {a_file / 'figures'}: {a_file} is a file, not a directory"
+
+
+def test_internal_errors_keep_their_traceback(tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    # rows the analysis cannot read (no task, trajectory or turn): a bug or a corrupt file, not a user error
+    (broken / "turns.jsonl").write_text(json.dumps({"split": "eval", "step": 1, "seed": 0}) + "\n")
+    result = run_script("ablation_table.py", str(broken))
+    assert result.returncode == 1 and "Traceback (most recent call last)" in result.stderr
+
+
+def test_budget_larger_than_the_runs_hold(sweep):
+    # every run holds 2 trajectories x 2 turns per task: budgets 1 (1x1), 2 (1x2, 2x1) and 4 (2x2)
+    result = run_script("ablation_table.py", str(sweep), "--budget", "16", "--no-turns")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "note: --budget 16 is more than all 3 runs hold: 2 trajectories x 2 turns = 4 kernels per task; "
+        "budgets they support (k <= 2, n <= 2): 1, 2, 4"]
+    assert ROW_04 in result.stdout.splitlines() and "Fixed budget" not in result.stdout
+    # 3 kernels fit in 4, but as no k x n = 3 of the data (3x1, 1x3)
+    result = run_script("ablation_table.py", str(sweep), "--budget", "3", "--no-turns")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "note: --budget 3 does not split into k trajectories x n turns that all 3 runs hold "
+        "(2 trajectories x 2 turns per task); budgets they support (k <= 2, n <= 2): 1, 2, 4"]
+    # more turns than the data holds: a note, scored over the turns there are
+    result = run_script("ablation_table.py", str(sweep), "--turns", "5", "--no-turns")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == ["note: --turns 5: the eval rows hold at most 2 turns; scored over those"]
+    assert ROW_04 in result.stdout.splitlines()
+
+
+def test_evaluations_of_checkpoints_by_training_gamma(tmp_path):
+    # checkpoints trained with 2 x 3, evaluated with 4 x 2 (tests/unit/test_analysis_metrics.py, write_eval_sweep)
+    evals = write_eval_sweep(tmp_path / "evals")
+    result = run_script("ablation_table.py", str(evals), "--budget", "8", "--no-turns", "--format", "csv")
+    assert result.returncode == 0, result.stderr
+    sections = csv_sections(result.stdout)
+    variants = sections["Variants:"]
+    assert list(variants.columns[:2]) == ["gamma", "k x n"]
+    assert variants[["gamma", "k x n", "seeds", "correct best@k", "speedup avg@k"]].values.tolist() == [
+        [0.4, "4x2", 2, 1.0, 0.5], [1.0, "4x2", 1, 0.0, 0.0]]
+    assert sections["Fixed"][["gamma", "4x2 speedup", "4x2 correct"]].values.tolist() == [[0.4, 2.0, 1.0],
+                                                                                       [1.0, 0.0, 0.0]]
+    # step 30 is the training step behind the weights
+    window = run_script("ablation_table.py", str(evals), "--steps", "30:30", "--no-turns").stdout
+    last = run_script("ablation_table.py", str(evals), "--no-turns").stdout
+    assert window.replace("steps 30:30", "steps last") == last
 
 
 def test_plots(tmp_path, ledger):
     out = tmp_path / "figures"
     result = run_script("plots.py", "hand", "--ledger", str(ledger), "--out", str(out))
     assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [str(out / name) for name in (
+        "test_time_scaling.png", "test_time_scaling.csv", "training_curves.png", "training_curves.csv")]
     for name in ("test_time_scaling.png", "training_curves.png"):
         data = (out / name).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 20_000, name
@@ -129,7 +255,8 @@ def test_plots(tmp_path, ledger):
         [1.0, 1, 2, 2, 0.75, 1.0, 1.0], [1.0, 2, 2, 4, 1.0, 2.0, 1.0]]))
     training = pd.read_csv(out / "training_curves.csv")
     # only run A trained (seed 0 of the 0.4/constant variant): logged reward and grad norm, not-okay ratio
-    # recomputed from its turn rows (step 0 flags T, F; step 1 F, F)
+    # recomputed from its turn rows (step 1 flags T, F; step 2 F, F)
     assert training["run"].unique().tolist() == ["gamma=0.4, normalization=constant, seed=0"]
+    assert training["variant"].unique().tolist() == ["gamma=0.4, normalization=constant"]
     assert training[["step", "reward_mean", "grad_norm", "not_okay_ratio", "correct_turn_1", "train_s"]].values.tolist() \
-        == [[0, 0.1, 0.5, 0.5, 0.0, 3.0], [1, 0.65, 0.25, 0.0, 0.5, 3.5]]
+        == [[1, 0.1, 0.5, 0.5, 0.0, 3.0], [2, 0.65, 0.25, 0.0, 0.5, 3.5]]

@@ -44,11 +44,13 @@ import pytest
 from kevin_exp.analysis import (
     BootstrapSettings, BudgetCell, Cell, NoRunsFound, Selection, StepWindow, Table, bootstrap, budget_splits,
     budget_table, expected_max_of_k, flatten_config, group_variants, load_runs, parallel_counts, pass_at_k,
-    render, run_dirs_for, task_scores, trajectory_scores, turn_curves, variant_table, varying_keys,
+    render, run_dirs_for, runs_of_split, supported_budgets, task_scores, trajectory_scores, turn_curves, variant_table,
+    varying_keys,
 )
 from kevin_exp.analysis.bootstrap import seeds_then_tasks_mean
 from kevin_exp.analysis.selection import choose_split, evaluation_rows
 from kevin_exp.analysis.training import training_curves
+from kevin_exp.errors import UserError
 
 Turn = tuple[bool, float | None]
 
@@ -60,13 +62,14 @@ HAND_EVAL: dict[str, dict[str, list[list[Turn]]]] = {
 }
 HAND_CONFIG = {"A": (0.4, "constant", 0), "B": (0.4, "constant", 1), "C": (1.0, "token", 0)}
 EVAL_STEP = 5
-# run A also trained for two steps on T1 (2 trajectories x 1 turn): step 0 nothing correct, step 1 one 1.0x kernel
-HAND_TRAIN = {0: [[F], [F]], 1: [[(True, 1.0)], [F]]}
-HAND_NOT_OKAY = {0: [True, False], 1: [False, False]}
+# run A also trained for two steps on T1 (2 trajectories x 1 turn; steps count from 1): step 1 nothing correct,
+# step 2 one 1.0x kernel
+HAND_TRAIN = {1: [[F], [F]], 2: [[(True, 1.0)], [F]]}
+HAND_NOT_OKAY = {1: [True, False], 2: [False, False]}
 HAND_METRICS = [
-    {"step": 0, "reward_mean": 0.1, "grad_norm": 0.5, "loss": 0.2, "correct_per_turn": [0.0],
+    {"step": 1, "reward_mean": 0.1, "grad_norm": 0.5, "loss": 0.2, "correct_per_turn": [0.0],
      "generate_s": 1.0, "evaluate_s": 2.0, "train_s": 3.0},
-    {"step": 1, "reward_mean": 0.65, "grad_norm": 0.25, "loss": 0.1, "correct_per_turn": [0.5],
+    {"step": 2, "reward_mean": 0.65, "grad_norm": 0.25, "loss": 0.1, "correct_per_turn": [0.5],
      "generate_s": 1.5, "evaluate_s": 2.5, "train_s": 3.5},
 ]
 
@@ -267,22 +270,23 @@ def test_training_split_and_step_windows(hand_runs):
     def values(steps: str) -> list[float]:
         return cells(variant_table(variants, Selection("train", StepWindow.parse(steps))), 0)[:, 0].tolist()
 
-    # last step (1): T1 traj0 (T,1.0), traj1 F -> best (1, 1.0, 1, 0), avg (.5, .5, .5, 0)
+    # last step (2): T1 traj0 (T,1.0), traj1 F -> best (1, 1.0, 1, 0), avg (.5, .5, .5, 0)
     assert values("last") == pytest.approx([1, 0.5, 1.0, 0.5, 1, 0.5, 0, 0])
-    # steps 0 and 1: T1's two blocks averaged; step 0 scores 0 everywhere
+    # steps 1 and 2: T1's two blocks averaged; step 1 scores 0 everywhere
     assert values("all") == pytest.approx([0.5, 0.25, 0.5, 0.25, 0.5, 0.25, 0, 0])
-    assert values("0:0") == pytest.approx([0] * 8)
-    assert values(":1") == values("all") and values("1:") == values("last")
+    assert values("1:1") == pytest.approx([0] * 8)
+    assert values(":2") == values("all") and values("2:") == values("last") and values("0:2") == values("all")
 
 
 def test_step_window_parsing():
     assert StepWindow.parse("3:7") == StepWindow("range", 3, 7)
     assert str(StepWindow.parse("3:")) == "3:"
-    steps = pd.Series([0, 3, 5, 7, 9])
+    steps = pd.Series([1, 3, 5, 7, 9])
     assert StepWindow.parse("3:7").mask(steps).tolist() == [False, True, True, True, False]
     assert StepWindow.parse("last").mask(steps).tolist() == [False, False, False, False, True]
-    for bad in ("first", "7:3", "a:b"):
-        with pytest.raises(ValueError, match="--steps"):
+    assert StepWindow.parse(":1").mask(steps).tolist() == [True, False, False, False, False]
+    for bad in ("first", "7:3", "a:b", "-1:3"):
+        with pytest.raises(UserError, match="--steps"):
             StepWindow.parse(bad)
 
 
@@ -313,7 +317,7 @@ def test_seeds_that_saw_different_tasks():
 def test_budget_splits():
     assert [s.label for s in budget_splits(128, 8)] == ["16x8", "32x4", "64x2", "128x1"]
     assert [s.label for s in budget_splits(12, 8)] == ["2x6", "3x4", "4x3", "6x2", "12x1"]
-    with pytest.raises(ValueError, match="--budget"):
+    with pytest.raises(UserError, match="--budget 0: expected a positive number"):
         budget_splits(0, 4)
 
 
@@ -342,12 +346,44 @@ def test_budget_uses_the_unbiased_estimator(tmp_path):
     # one task, 4 trajectories x 1 turn: 0x (incorrect), 1.0x, 1.0x (a tie), 2.0x; budget 2 = 2x1 needs k=2 of 4:
     # E[max of 2] over the 6 pairs = (1 + 1 + 2 + 1 + 2 + 2) / 6 = 1.5; correct: 1 - C(1,2)/C(4,2) = 1
     trajectories = [[F], [(True, 1.0)], [(True, 1.0)], [(True, 2.0)]]
-    run = write_run(tmp_path / "r", {"gamma": 0.4, "seed": 0}, turn_rows("eval", 0, "T", trajectories))
+    run = write_run(tmp_path / "r", {"gamma": 0.4, "seed": 0}, turn_rows("eval", 1, "T", trajectories))
     variants = group_variants(load_runs([str(run)]))
     selection = Selection("eval", StepWindow.parse("last"))
     table = budget_table(variants, selection, 2)
     assert table.columns == ["2x1"] and table.rows == [[BudgetCell(pytest.approx(1.5), 1.0)]]
-    assert budget_table(variants, selection, 8).notes == ["8x1 skipped: needs 8 trajectories per task, the data has 4"]
+    assert budget_table(variants, selection, 8).notes == [
+        "--budget 8 is more than r holds: 4 trajectories x 1 turn = 4 kernels per task; budgets it supports "
+        "(k <= 4, n <= 1): 1, 2, 3, 4"]
+
+
+def test_budget_notes_name_the_runs_that_cannot_fill_it(tmp_path, hand_runs):
+    selection = Selection("eval", StepWindow.parse("last"))
+    # every hand run holds 2 trajectories x 2 turns = 4 kernels per task: no cell, one note naming them all
+    table = budget_table(group_variants(hand_runs), selection, 16)
+    assert table.rows == [] and table.columns == ["gamma", "normalization"]
+    assert table.notes == ["--budget 16 is more than all 3 runs hold: 2 trajectories x 2 turns = 4 kernels "
+                           "per task; budgets they support (k <= 2, n <= 2): 1, 2, 4"]
+    assert budget_table(group_variants(hand_runs), selection, 3).notes == [
+        "--budget 3 does not split into k trajectories x n turns that all 3 runs hold (2 trajectories x 2 "
+        "turns per task); budgets they support (k <= 2, n <= 2): 1, 2, 4"]
+    # a wide run (4 trajectories x 2 turns) fills 8 = 4x2, a narrow one (2 x 2) nothing: a row each, one note
+    wide = [r for task in ("T1", "T2") for r in turn_rows("eval", 3, task, [[F, (True, 2.0)], [F, F], [F, F], [F, F]])]
+    narrow = [r for task in ("T1", "T2") for r in turn_rows("eval", 3, task, [[F, F], [F, F]])]
+    runs = load_runs([str(write_run(tmp_path / "wide", {"gamma": 0.4, "seed": 0}, wide)),
+                      str(write_run(tmp_path / "narrow", {"gamma": 1.0, "seed": 0}, narrow))])
+    table = budget_table(group_variants(runs), selection, 8)
+    assert table.columns == ["gamma", "4x2"]
+    assert table.rows == [[0.4, BudgetCell(2.0, 1.0)], [1.0, None]]
+    assert table.notes == [
+        "--budget 8 is more than narrow holds: 2 trajectories x 2 turns = 4 kernels per task; budgets it supports "
+        "(k <= 2, n <= 2): 1, 2, 4",
+        "8x1 skipped for gamma=0.4: needs 8 trajectories per task, the data has 4"]
+
+
+def test_supported_budgets():
+    assert supported_budgets(2, 2) == [1, 2, 4]
+    assert supported_budgets(4, 2) == [1, 2, 3, 4, 6, 8]
+    assert supported_budgets(16, 8)[-4:] == [105, 112, 120, 128]
 
 
 # ---------------------------------------------------------------- per-turn curves
@@ -387,9 +423,70 @@ def test_training_curves_complete_metrics_from_turn_rows(hand_runs):
     curves = training_curves([run], ["A"]).set_index("step")
     assert curves["reward_mean"].tolist() == [0.1, 0.65]  # logged
     assert curves["correct_turn_1"].tolist() == [0.0, 0.5]  # logged as correct_per_turn
-    assert curves["not_okay_ratio"].tolist() == [0.5, 0.0]  # not logged: step 0 flags (T, F), step 1 (F, F)
-    assert curves["reward_max"].tolist() == pytest.approx([0.0, 1.3])  # not logged: 0.3 + 1.0x at step 1
+    assert curves.index.tolist() == [1, 2]
+    assert curves["not_okay_ratio"].tolist() == [0.5, 0.0]  # not logged: step 1 flags (T, F), step 2 (F, F)
+    assert curves["reward_max"].tolist() == pytest.approx([0.0, 1.3])  # not logged: 0.3 + 1.0x at step 2
     assert curves["grad_norm"].tolist() == [0.5, 0.25]
+
+
+# ---------------------------------------------------------------- evaluations of checkpoints
+
+# Three evaluations (each its own run directory, as kevin_exp.evaluate writes them) of checkpoints trained with
+# 2 trajectories x 3 turns, evaluated with 4 x 2 at training step 30; each row carries the checkpoint's training
+# settings and the evaluation's own budget in eval_n_trajectories x eval_n_turns. The evaluation jobs' configs
+# all hold the same unrelated defaults (gamma 0.4, 16 x 8, seed 0).
+EVAL_CHECKPOINTS = {"eval_a": (0.4, 0), "eval_b": (0.4, 1), "eval_c": (1.0, 0)}  # training gamma, training seed
+
+
+def eval_config(name: str, run_dir: Path) -> dict[str, Any]:
+    return {"gamma": 0.4, "normalization": "constant", "seed": 0, "n_trajectories": 16, "n_turns": 8,
+            "checkpoint": f"/runs/{name}/checkpoints/step_000030", "run_dir": str(run_dir),
+            "eval": {"n_trajectories": 4, "n_turns": 2, "tasks_per_batch": 2},
+            "algorithm": {"gamma": 0.4, "normalization": "constant", "aggregation": "sum"}}
+
+
+def write_eval_sweep(root: Path) -> Path:
+    for name, (gamma, seed) in EVAL_CHECKPOINTS.items():
+        # gamma 0.4: trajectory 0 of each task reaches 2.0x at turn 2; gamma 1.0: nothing correct
+        first = [F, (True, 2.0)] if gamma == 0.4 else [F, F]
+        trained = {"gamma": gamma, "seed": seed, "n_trajectories": 2, "n_turns": 3, "normalization": "constant",
+                   "tasks_per_step": 2, "aggregation": "sum", "estimator": "grpo", "model": "tiny",
+                   "eval_n_trajectories": 4, "eval_n_turns": 2}
+        trajectories = [first, [F, F], [F, F], [F, F]]
+        rows = [r for task in ("T1", "T2") for r in turn_rows("eval", 30, task, trajectories, **trained)]
+        run_dir = root / name
+        write_run(run_dir, eval_config(name, run_dir), rows)
+    return root
+
+
+def test_evaluations_group_by_the_checkpoints_training_settings(tmp_path):
+    runs = runs_of_split(load_runs([str(write_eval_sweep(tmp_path / "evals"))]), "eval")
+    # the checkpoint's gamma and seed, not the evaluation job's; the checkpoint paths add nothing to them
+    assert [(r.config["gamma"], r.config["seed"], r.config["n_trajectories"]) for r in runs] == \
+        [(0.4, 0, 2), (0.4, 1, 2), (1.0, 0, 2)]
+    assert varying_keys(runs) == ["gamma", "seed"]
+    variants = group_variants(runs)
+    assert [v.values for v in variants] == [{"gamma": 0.4}, {"gamma": 1.0}]
+    selection = Selection("eval", StepWindow.parse("last"))
+    table = variant_table(variants, selection)
+    # k = 4 trajectories per task as evaluated (not the 2 of training), over the 2 evaluated turns
+    assert table.columns[:2] == ["gamma", "k x n"] and "4x2" in table.title
+    assert [row[:2] + row[-2:] for row in table.rows] == [[0.4, "4x2", 2, 2], [1.0, "4x2", 2, 1]]
+    # gamma 0.4: per task best@4 (correct 1, 2.0x), avg@4 (.25, .5x); gamma 1.0: zeros
+    assert cells(table, 0)[:4, 0] == pytest.approx([1.0, 0.25, 2.0, 0.5])
+    assert cells(table, 1)[:, 0] == pytest.approx([0.0] * 8)
+    assert sorted(turn_curves(variants, selection)["k"].unique()) == [1, 2, 4]
+    assert budget_table(variants, selection, 8).columns == ["gamma", "4x2"]
+
+
+def test_two_checkpoints_of_one_training_run_stay_apart(tmp_path):
+    rows = [r for r in turn_rows("eval", 10, "T1", [[F], [F]], gamma=1.0, seed=3)]
+    runs = [write_run(tmp_path / name, {**eval_config(name, tmp_path / name), "checkpoint": f"/runs/r/{name}"}, rows)
+            for name in ("step_000010", "step_000020")]
+    loaded = runs_of_split(load_runs([str(r) for r in runs]), "eval")
+    # same training settings and seed: only the checkpoint tells them apart
+    assert varying_keys(loaded) == ["checkpoint"]
+    assert len(group_variants(loaded)) == 2
 
 
 # ---------------------------------------------------------------- rendering
@@ -418,7 +515,7 @@ def test_render_latex():
         "% T\n\\begin{tabular}{lrr}\n\\toprule\ngamma & correct & 16x8 \\\\\n\\midrule\n"
         "0.4 & 82.0\\% [76.1, 87.3] & 1.10x / 82.0\\% \\\\\n1.0 & 1.10x [0.90, 1.30] & - \\\\\n"
         "\\bottomrule\n\\end{tabular}\n% note: n_1\n")
-    with pytest.raises(ValueError, match="--format"):
+    with pytest.raises(UserError, match="--format"):
         render(small_table(), "html")
 
 

@@ -9,17 +9,19 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from kevin_exp.errors import UserError
 from kevin_exp.ledger import ledger_entries
 from kevin_exp.records import read_jsonl
 
 DEFAULT_LEDGER = Path("outputs/ledger.jsonl")
 
-# Used only when a run has no config.json: the turn-row columns that copy the run's config.
+# Used only when a run has no config.json: the turn-row columns that copy the run's config (an evaluation's
+# rows also carry its own budget, eval_n_trajectories x eval_n_turns).
 CONFIG_COLUMNS = ("gamma", "n_turns", "n_trajectories", "tasks_per_step", "normalization", "aggregation",
-                  "estimator", "model", "seed", "experiment")
+                  "estimator", "model", "seed", "experiment", "eval_n_trajectories", "eval_n_turns")
 
 
-class NoRunsFound(ValueError):
+class NoRunsFound(UserError):
     """An argument named nothing that holds runs."""
 
 
@@ -55,9 +57,10 @@ def flatten_config(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _config_from_rows(rows: pd.DataFrame) -> dict[str, Any]:
+def constant_columns(rows: pd.DataFrame, columns: Iterable[str] = CONFIG_COLUMNS) -> dict[str, Any]:
+    """The value of each of ``columns`` that is the same in every row."""
     config = {}
-    for column in CONFIG_COLUMNS:
+    for column in columns:
         if column in rows and rows[column].nunique(dropna=False) == 1:
             value = rows[column].iloc[0]
             config[column] = value.item() if hasattr(value, "item") else value
@@ -71,7 +74,7 @@ def load_run(run_dir: Path) -> Run:
     if config_path.is_file():
         config = flatten_config(json.loads(config_path.read_text()))
     else:
-        config = _config_from_rows(rows)
+        config = constant_columns(rows)
     return Run(run_dir=run_dir, config=config, rows=rows, metrics=metrics)
 
 
@@ -90,6 +93,12 @@ def run_dirs_for(argument: str, ledger: Path = DEFAULT_LEDGER) -> list[Path]:
         if not runs:
             raise NoRunsFound(f"{argument}: a directory with no turns.jsonl and no subfolder holding one")
         return runs
+    if path.is_file():
+        raise NoRunsFound(f"{argument}: a file; pass a run directory (it holds turns.jsonl), a sweep directory or "
+                          "a sweep name")
+    if not ledger.is_file():
+        raise NoRunsFound(f"{argument}: not a run directory, not a sweep directory, and there is no ledger at "
+                          f"{ledger} to look up a sweep of that name (--ledger names another)")
     entries = ledger_entries(ledger, sweep_name=argument)
     if not entries:
         raise NoRunsFound(f"{argument}: not a run directory, not a sweep directory, and no sweep of that name in "

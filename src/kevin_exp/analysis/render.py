@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from kevin_exp.analysis.tables import BudgetCell, Cell, Table
 from kevin_exp.analysis.variants import format_value
+from kevin_exp.errors import UserError
 
 FORMATS = ("markdown", "csv", "latex")
 
@@ -89,5 +90,5 @@ def render_latex(table: Table) -> str:
 def render(table: Table, fmt: str = "markdown") -> str:
     renderers = {"markdown": render_markdown, "csv": render_csv, "latex": render_latex}
     if fmt not in renderers:
-        raise ValueError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+        raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     return renderers[fmt](table)

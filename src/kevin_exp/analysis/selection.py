@@ -3,15 +3,22 @@ evaluation block: its tasks were each attempted by k trajectories of n turns."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import pandas as pd
 
-from kevin_exp.analysis.loading import Run
+from kevin_exp.analysis.loading import Run, constant_columns
+from kevin_exp.errors import UserError
 
 SPLITS = ("train", "eval")
 ROW_COLUMNS = ("seed", "block", "task_id", "trajectory", "turn", "correct", "speedup")
+
+# The training settings an evaluation row records: those of the checkpoint it evaluated, not of the evaluation
+# job (whose config.json holds the evaluation's own defaults there). ``model`` is left to the config: the
+# evaluation loads the checkpoint's weights into its own model, so the two agree.
+TRAINING_COLUMNS = ("gamma", "n_turns", "n_trajectories", "tasks_per_step", "normalization", "aggregation",
+                    "estimator", "seed")
 
 
 @dataclass(frozen=True)
@@ -29,10 +36,11 @@ class StepWindow:
             return cls(text)
         match = re.fullmatch(r"(\d*):(\d*)", text)
         if not match:
-            raise ValueError(f"--steps {text!r}: expected last, all, or a:b (steps a to b, both included)")
+            raise UserError(f"--steps {text!r}: expected last, all, or a:b (steps a to b, both included; "
+                            "the first training step is 1)")
         start, stop = (int(g) if g else None for g in match.groups())
         if start is not None and stop is not None and stop < start:
-            raise ValueError(f"--steps {text!r}: the window ends before it starts")
+            raise UserError(f"--steps {text!r}: the window ends before it starts")
         return cls("range", start, stop)
 
     def mask(self, steps: pd.Series) -> pd.Series:
@@ -61,10 +69,28 @@ def choose_split(runs: Sequence[Run], requested: str | None) -> tuple[str, list[
     """The split to analyse (``eval`` when any run has eval rows, else ``train``) and notes on runs left out."""
     split = requested or ("eval" if any(not _split_rows(r, "eval").empty for r in runs) else "train")
     if split not in SPLITS:
-        raise ValueError(f"--split {split!r}: expected one of {', '.join(SPLITS)}")
+        raise UserError(f"--split {split!r}: expected one of {', '.join(SPLITS)}")
     missing = [r.name for r in runs if _split_rows(r, split).empty]
     notes = [f"no {split} rows in {', '.join(missing)}: left out"] if missing else []
     return split, notes
+
+
+def runs_of_split(runs: Sequence[Run], split: str) -> list[Run]:
+    """The runs holding rows of ``split``. For ``eval``, each run's config takes the training settings its
+    evaluation rows record, so evaluations of checkpoints group by how the checkpoints were trained."""
+    used = []
+    for run in runs:
+        rows = _split_rows(run, split)
+        if rows.empty:
+            continue
+        if split == "eval":
+            run = replace(run, config={**run.config, **constant_columns(rows, TRAINING_COLUMNS)})
+        used.append(run)
+    return used
+
+
+def steps_present(runs: Sequence[Run], split: str) -> list[int]:
+    return sorted({int(s) for run in runs for s in _split_rows(run, split).get("step", [])})
 
 
 def evaluation_rows(runs: Sequence[Run], split: str, window: StepWindow, max_turns: int | None = None) -> pd.DataFrame:

@@ -49,20 +49,22 @@ def _from_metrics(metrics: pd.DataFrame) -> pd.DataFrame:
     return out.apply(pd.to_numeric, errors="coerce")
 
 
-def training_curves(runs: Sequence[Run], labels: Sequence[str]) -> pd.DataFrame:
-    """One row per (run, step): ``run`` (its label), ``run_dir``, ``step``, then the scalars present."""
+def training_curves(runs: Sequence[Run], labels: Sequence[str], variants: Sequence[str] | None = None) -> pd.DataFrame:
+    """One row per (run, step): ``run`` (its label), ``variant`` (the label of the variant it belongs to, its
+    own label by default), ``run_dir``, ``step``, then the scalars present."""
     frames = []
-    for run, label in zip(runs, labels):
+    for run, label, variant in zip(runs, labels, labels if variants is None else variants):
         logged, derived = _from_metrics(run.metrics), _from_turn_rows(run.rows)
         merged = logged.combine_first(derived) if not logged.empty else derived
         if merged.empty:
             continue
         merged = merged.sort_index().rename_axis("step").reset_index()
         merged.insert(0, "run_dir", str(run.run_dir))
+        merged.insert(0, "variant", variant)
         merged.insert(0, "run", label)
         frames.append(merged)
     if not frames:
-        return pd.DataFrame(columns=["run", "run_dir", "step"])
+        return pd.DataFrame(columns=["run", "variant", "run_dir", "step"])
     curves = pd.concat(frames, ignore_index=True)
-    ordered = ["run", "run_dir", "step", *(c for c in SCALARS if c in curves), *turn_columns(curves.columns)]
+    ordered = ["run", "variant", "run_dir", "step", *(c for c in SCALARS if c in curves), *turn_columns(curves.columns)]
     return curves[ordered]

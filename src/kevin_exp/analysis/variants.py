@@ -15,6 +15,10 @@ SEED_KEY = "seed"
 NON_SCIENCE_KEYS = ("run_dir", "resume", "sweep_name", "logger.*", "resources.*", "cluster.*", "hydra.*",
                     "evaluator.cache_dir")
 
+# Which weights an evaluation loaded: a column only where the training settings its rows record (seed
+# included) do not already tell the checkpoints apart, as for two checkpoints of one training run.
+IMPLIED_KEYS = ("checkpoint",)
+
 _MISSING = "<missing>"
 
 
@@ -40,7 +44,17 @@ def varying_keys(runs: Sequence[Run]) -> list[str]:
     for key in sorted(varying, key=lambda k: (k.count("."), len(k), k)):
         if not any(_leaf(other) == _leaf(key) and column[other] == column[key] for other in kept):
             kept.append(key)
-    return [k for k in varying if k in kept]
+    others = [k for k in varying if k in kept and k not in IMPLIED_KEYS]
+    return [k for k in varying if k in kept and (k not in IMPLIED_KEYS or not _implied(column[k], others, column))]
+
+
+def _implied(values: tuple[str, ...], others: Sequence[str], column: dict[str, tuple[str, ...]]) -> bool:
+    """Whether runs equal in every key of ``others`` are always equal in ``values``."""
+    seen: dict[tuple[str, ...], str] = {}
+    for run, value in enumerate(values):
+        if seen.setdefault(tuple(column[k][run] for k in others), value) != value:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
