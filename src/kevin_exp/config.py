@@ -365,6 +365,25 @@ def reconcile_aliases(cfg: Any, overrides: list[str]) -> set[str]:
     return set_by_alias
 
 
+def config_from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """A schema object from a recorded config (a run's config.json): keys the schema no longer has are
+    ignored, keys it gained keep their defaults."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        kind, value = hints[f.name], data[f.name]
+        if dataclasses.is_dataclass(kind) and isinstance(value, dict):
+            value = config_from_dict(kind, value)
+        elif kind == dict[str, Tolerance] and isinstance(value, dict):
+            value = {k: Tolerance(**v) for k, v in value.items()}
+        values[f.name] = value
+    return cls(**values)
+
+
 def hydra_overrides() -> list[str]:
     """The running Hydra job's task overrides ([] outside a Hydra job)."""
     from hydra.core.hydra_config import HydraConfig

@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from kevin_exp.config import TrainConfig
+from kevin_exp.config import TrainConfig, config_from_dict
 from kevin_exp.errors import UserError
 from kevin_exp.progress import Progress
 from kevin_exp.records import read_jsonl
@@ -40,15 +40,12 @@ class CheckpointError(UserError):
 
 def trained_config(checkpoint: Path) -> TrainConfig | None:
     """The settings the checkpoint's run trained with (its config.json), or None for a folder without one."""
-    from omegaconf import OmegaConf
-
     path = checkpoint.parents[1] / "config.json"
     if not path.is_file():
         return None
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), json.loads(path.read_text()))
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
-    except Exception as e:  # a config.json of another version of this schema
+        return config_from_dict(TrainConfig, json.loads(path.read_text()))
+    except (TypeError, ValueError) as e:  # a config.json of another version of this schema
         raise CheckpointError(f"checkpoint={checkpoint}: its run's config.json does not fit this version's settings "
                               f"({str(e).splitlines()[0]}); evaluate it with the version that trained it") from None
 

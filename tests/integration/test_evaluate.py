@@ -3,6 +3,7 @@ restarted evaluation keeps finished batches and writes the same rows as an unint
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kevin_exp.evaluation import CheckpointError, EvaluationRun
+from kevin_exp.eval_loop import CheckpointError, EvaluationRun
+from kevin_exp.models import load_policy
 from kevin_exp.records import read_jsonl
+from kevin_exp.trainer.checkpoint import load_policy_weights
+from kevin_exp.transcripts import read_transcripts
 from tests.helpers import compose_train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,11 +25,19 @@ EVAL = [*SMALL, IDS, "eval.n_trajectories=3", "eval.n_turns=2", "eval.tasks_per_
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("trained")
-    subprocess.run([sys.executable, "-m", "kevin_exp.train", *SMALL, "steps=2", "n_trajectories=2", "n_turns=1",
-                    "trainer.lr=1e-2", f"hydra.run.dir={run_dir}"], cwd=REPO, check=True, capture_output=True, timeout=600)
-    return run_dir
+def trained_proc(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A training run in its default folder (outputs/runs/<overrides>), as a user starts it."""
+    cwd = tmp_path_factory.mktemp("project")
+    proc = subprocess.run([sys.executable, "-m", "kevin_exp.train", *SMALL, "steps=2", "n_trajectories=2", "n_turns=1",
+                           "gamma=1.0", "trainer.lr=1e-2"], cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [run_dir] = (cwd / "outputs" / "runs").iterdir()
+    return run_dir, proc
+
+
+@pytest.fixture(scope="module")
+def trained(trained_proc) -> Path:
+    return trained_proc[0]
 
 
 def _strip(rows: list[dict]) -> list[dict]:
@@ -39,16 +51,37 @@ def test_evaluate_writes_eval_rows_for_every_task_with_the_checkpoints_weights(t
     rows = read_jsonl(tmp_path / "turns.jsonl")
     assert len(rows) == 5 * 3 * 2 and {r["split"] for r in rows} == {"eval"}
     assert {r["step"] for r in rows} == {2}  # the policy after 2 training steps
-    assert {(r["n_trajectories"], r["n_turns"]) for r in rows} == {(3, 2)}
+    # the checkpoint's training settings, and the evaluation's own budget apart from them
+    assert {(r["gamma"], r["n_trajectories"], r["n_turns"], r["model"]) for r in rows} == {(1.0, 2, 1, "tiny")}
+    assert {(r["eval_n_trajectories"], r["eval_n_turns"]) for r in rows} == {(3, 2)}
     assert {r["turn"] for r in rows} == {1, 2} and {r["trajectory"] for r in rows} == {0, 1, 2}
     assert "correctness best@3" in proc.stdout
     assert not (tmp_path / "metrics.jsonl").read_text()  # no training happened
 
-    run = EvaluationRun(compose_train([*EVAL, f"checkpoint={trained}"], tmp_path / "again"), config_yaml="")
+    run = EvaluationRun(compose_train([*EVAL, f"checkpoint={trained}"], tmp_path / "again"))
     run.setup()
-    saved = torch.load(next((trained / "checkpoints").glob("step_*")).parent / (trained / "checkpoints" / "latest").read_text().strip() / "policy.pt")
-    assert all(torch.equal(v, saved[k]) for k, v in run.policy.model.state_dict().items())
+    reference = load_policy(run.cfg.model).model
+    latest = trained / "checkpoints" / (trained / "checkpoints" / "latest").read_text().strip()
+    load_policy_weights(latest, reference)
+    assert all(torch.equal(v, reference.state_dict()[k]) for k, v in run.policy.model.state_dict().items())
     run.env.close()
+
+
+def test_the_printed_evaluate_command_runs_as_pasted_with_the_checkpoints_model(trained_proc, tmp_path):
+    run_dir, proc = trained_proc
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("evaluate it: ")]
+    command = shlex.split(line.removeprefix("evaluate it: "))
+    assert command[:3] == ["python", "-m", "kevin_exp.evaluate"]
+    assert "=" not in run_dir.name and "," not in run_dir.name  # nothing Hydra would read as override syntax
+    # no model= given: the evaluation uses the checkpoint's (tiny), not the default model
+    done = subprocess.run([sys.executable, *command[1:], *EVAL[1:], f"hydra.run.dir={tmp_path}"], cwd=run_dir.parents[2],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {r["model"] for r in read_jsonl(tmp_path / "turns.jsonl")} == {"tiny"}
+    other = subprocess.run([sys.executable, *command[1:], "model=smollm2_135m", f"hydra.run.dir={tmp_path}/other"],
+                           cwd=run_dir.parents[2], capture_output=True, text=True, timeout=600)
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert other.stderr.strip().splitlines()[-1].startswith("error: checkpoint=") and "model=tiny" in other.stderr
 
 
 def test_a_restarted_evaluation_keeps_finished_batches_and_matches_an_uninterrupted_one(trained, tmp_path):
@@ -71,12 +104,16 @@ def test_a_restarted_evaluation_keeps_finished_batches_and_matches_an_uninterrup
     got = read_jsonl(resumed / "turns.jsonl")
     key = lambda r: (r["task_id"], r["trajectory"], r["turn"])  # noqa: E731
     assert _strip(sorted(got, key=key)) == _strip(sorted(ref, key=key))
+    # transcripts of the batches that ran here, each turn once (the uninterrupted run has all of them)
+    assert sorted(map(key, read_transcripts(resumed))) == sorted(key(r) for r in ref if r["task_id"] not in first_two)
+    assert sorted(map(key, read_transcripts(straight))) == sorted(map(key, ref))
 
 
 def test_a_missing_checkpoint_or_one_of_another_model_is_a_clear_error(trained, tmp_path):
-    with pytest.raises(CheckpointError, match="checkpoint=.*nowhere.*run directory"):
+    from kevin_exp.errors import UserError
+
+    with pytest.raises(UserError, match="checkpoint=.*nowhere"):
         EvaluationRun(compose_train([*EVAL, f"checkpoint={tmp_path}/nowhere"], tmp_path / "a")).setup()
-    run = EvaluationRun(compose_train([*EVAL, "model.tiny_hidden=32", f"checkpoint={trained}"], tmp_path / "b"))
-    with pytest.raises(CheckpointError, match="do not fit model=tiny"):
-        run.setup()
-    run.env.close()
+    with pytest.raises(CheckpointError, match="was trained with model=tiny"):
+        EvaluationRun(compose_train([*EVAL, "model.tiny_hidden=32", f"checkpoint={trained}"], tmp_path / "b"),
+                      model_chosen=True)

@@ -56,13 +56,15 @@ def test_one_step_with_the_real_cpu_evaluator_and_tiny_model_writes_both_records
     for row in turns:
         assert set(TURN_FIELDS) <= row.keys()
         assert row["split"] == "train" and row["backend"] == "cpu" and row["model"] == "tiny"
-        assert row["turn"] in (1, 2) and row["step"] == 0
-    # a random model writes no code block: every turn is a format error scored 0
-    assert {r["status"] for r in turns} == {"format_error"}
-    assert all(r["score"] == 0.0 and r["correct"] is False for r in turns)
-    assert len(metrics) == 1 and metrics[0]["status_counts"] == {"format_error": 8}
+        assert row["turn"] in (1, 2) and row["step"] == 1
+    # cpu_smoke's scripted responses reach the evaluator: the built-in solution compiles and is correct, the
+    # broken one fails to build
+    assert {r["status"] for r in turns} == {"ok", "compile_error"}
+    assert {r["trajectory"] for r in turns if r["correct"]} == {0}
+    assert len(metrics) == 1 and metrics[0]["status_counts"] == {"ok": 4, "compile_error": 4}
     assert (out / "config.yaml").is_file() and json.loads((out / "meta.json").read_text())["git"]
-    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000000"
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
+    assert "mean reward" in proc.stdout and f"python -m kevin_exp.show {out}" in proc.stdout
 
 
 def test_a_step_whose_kernels_reach_the_evaluator_scores_and_trains_on_them(tmp_path):
@@ -72,6 +74,7 @@ def test_a_step_whose_kernels_reach_the_evaluator_scores_and_trains_on_them(tmp_
     run.generator = ScriptedGenerator(run.policy.tokenizer, run.pool, "cpu", 3)
     before = {k: v.clone() for k, v in run.policy.model.state_dict().items()}
     [metrics] = run.fit()
+    assert metrics["step"] == 1
     turns = read_jsonl(tmp_path / "turns.jsonl")
     by_traj = {}
     for r in turns:
@@ -140,7 +143,7 @@ def test_a_local_multirun_runs_one_job_per_gamma_in_its_own_directory(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for gamma in ("0.0", "0.4", "1.0"):
-        job = next(tmp_path.glob(f"gamma={gamma},*"))
+        job = next(tmp_path.glob(f"gamma-{gamma}+*"))
         rows = read_jsonl(job / "turns.jsonl")
         assert rows and {r["gamma"] for r in rows} == {float(gamma)}
         by_key = {(r["task_id"], r["trajectory"], r["turn"]): r for r in rows}
@@ -164,7 +167,7 @@ def test_a_sweep_file_runs_its_points_and_is_written_to_the_ledger(tmp_path):
     proc = _sweep(tmp_path, "sweep=serial_vs_parallel", sizes=())
     assert proc.returncode == 0, proc.stderr[-3000:]
     for budget, (traj, turns) in {"t16x4": (16, 4), "t32x2": (32, 2), "t64x1": (64, 1)}.items():
-        [job] = (tmp_path / "sweep").glob(f"budget={budget},*")
+        [job] = (tmp_path / "sweep").glob(f"budget-{budget}+*")
         rows = read_jsonl(job / "turns.jsonl")
         assert len(rows) == traj * turns and {r["n_trajectories"] for r in rows} == {traj}
         assert "sweep=" not in job.name  # the sweep's name is the parent directory, not part of the job's
@@ -172,6 +175,9 @@ def test_a_sweep_file_runs_its_points_and_is_written_to_the_ledger(tmp_path):
     assert entry["sweep_dir"] == str((tmp_path / "sweep").resolve())
     assert "sweep=serial_vs_parallel" in entry["command"] and entry["git"]["commit"]
     assert entry["params"] == {"budget": "t16x4,t32x2,t64x1"}
+    assert entry["swept"] == {"budget": ["t16x4", "t32x2", "t64x1"]}
+    assert f"python analysis/ablation_table.py {tmp_path}/sweep" in proc.stdout
+    assert proc.stdout.count("job #") == 3
 
 
 def test_a_named_sweep_refuses_a_directory_holding_another_sweeps_results(tmp_path):
@@ -182,4 +188,4 @@ def test_a_named_sweep_refuses_a_directory_holding_another_sweeps_results(tmp_pa
     other = _sweep(tmp_path, "sweep_name=ablation", "normalization=token,sequence")
     assert other.returncode != 0
     assert "holds the results of another sweep" in other.stderr and "sweep_name=<new name>" in other.stderr
-    assert not list((tmp_path / "sweep").glob("normalization=*"))
+    assert not list((tmp_path / "sweep").glob("normalization-*"))
