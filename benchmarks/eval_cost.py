@@ -27,9 +27,10 @@ from pathlib import Path
 
 from kevin_exp.bench import BenchConfig, CheckRules
 from kevin_exp.bench.build import Builder, cache
+from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.evaluator import Evaluator
-from kevin_exp.bench.sandbox import UidLease, _probe_worker, probe_policy
-from kevin_exp.bench.static_checks import check_candidate
+from kevin_exp.bench.sandbox import _probe_worker, probe_policy
+from kevin_exp.bench.uid_lease import UidLease
 
 from eval_throughput import distinct_items
 

@@ -8,10 +8,10 @@ import shutil
 import pytest
 import torch
 
+from kevin_exp.bench.checks.native import check_native
 from kevin_exp.bench.config import CheckRules
 from kevin_exp.bench.runtime_guard import ForbiddenOpError, block_torch_compute
 from kevin_exp.bench.spec import ExtensionSpec
-from kevin_exp.bench.static_checks import check_native
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -142,7 +142,7 @@ def test_unit_test_cuda_candidates_build_and_pass_the_guard(name: str, tmp_path,
     import importlib.util
     from pathlib import Path
 
-    from kevin_exp.bench.static_checks import check_candidate
+    from kevin_exp.bench.checks import check_candidate
 
     path = Path(__file__).parents[1] / "unit" / "test_static_checks.py"
     spec = importlib.util.spec_from_file_location("_static_cases", path)

@@ -10,8 +10,10 @@ import time
 import pytest
 
 from kevin_exp.bench.candidate_source import extract_specs
+from kevin_exp.bench.checks import check_candidate
+from kevin_exp.bench.checks.native import check_native, strip_native
+from kevin_exp.bench.checks.rules import Violation
 from kevin_exp.bench.config import CheckRules
-from kevin_exp.bench.static_checks import Violation, check_candidate, check_native, strip_native
 from kevin_exp.bench.spec import ExtensionSpec
 
 RULES = CheckRules()

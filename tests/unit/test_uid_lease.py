@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kevin_exp.bench.sandbox import UidLease
+from kevin_exp.bench.uid_lease import UidLease
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="uid leases are only used by root namespace sandboxes")
 
@@ -23,7 +23,7 @@ def test_live_leases_never_share_a_uid():
 
 
 def test_a_lease_held_by_another_process_is_skipped():
-    code = "from kevin_exp.bench.sandbox import UidLease; l = UidLease(); print(l.uid, flush=True); import time; time.sleep(30)"
+    code = "from kevin_exp.bench.uid_lease import UidLease; l = UidLease(); print(l.uid, flush=True); import time; time.sleep(30)"
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         held = int(holder.stdout.readline())

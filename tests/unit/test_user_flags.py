@@ -5,9 +5,9 @@ import pytest
 
 from kevin_exp.bench.build import BuildError, Builder
 from kevin_exp.bench.build.user_flags import unsafe_flags
+from kevin_exp.bench.checks.native import check_native
 from kevin_exp.bench.config import CheckRules
 from kevin_exp.bench.spec import ExtensionSpec
-from kevin_exp.bench.static_checks import check_native
 
 SRC = "torch::Tensor f(torch::Tensor x) { return x; }"
 

@@ -11,26 +11,32 @@ always returns exactly one verdict per item, in order.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import queue
 import tempfile
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
-import dataclasses
-from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from kevin_exp.bench.build import BuildError, Builder, BuildResult
+from kevin_exp.bench.build import Builder, BuildError, BuildResult
+from kevin_exp.bench.checks import check_candidate
+from kevin_exp.bench.checks.native import check_native
 from kevin_exp.bench.config import BenchConfig
-from kevin_exp.bench.messages import trim, trim_compiler_log
-from kevin_exp.bench.sandbox import SandboxPolicy, WorkerProcess, probe_policy
+from kevin_exp.bench.job import make_job
+from kevin_exp.bench.messages import trim_compiler_log
+from kevin_exp.bench.run_slot import (
+    RunSlot,
+    default_standby,
+    slot_devices,
+    worker_threads,
+)
+from kevin_exp.bench.sandbox import SandboxPolicy, probe_policy
 from kevin_exp.bench.spec import ExtensionSpec
-from kevin_exp.bench.static_checks import check_candidate
-from kevin_exp.bench.verdict import Status, TimingStats, Verdict
+from kevin_exp.bench.verdict import Status, Verdict, make_verdict, verdict_from_run
 
 MAX_BUILD_ROUNDS = 3
 
@@ -70,9 +76,14 @@ class Evaluator:
         self._builds: dict[str, Future] = {}
         self._builds_lock = threading.Lock()
         self._run_root = Path(tempfile.mkdtemp(prefix="kevin_exp_run_"))
-        devices = _slot_devices(cfg)
-        n_standby = cfg.standby_workers or _default_standby(cfg.backend, len(devices))
-        self._slots = [_RunSlot(self, i, dev, n_standby) for i, dev in enumerate(devices)]
+        devices = slot_devices(cfg)
+        n_standby = cfg.standby_workers or default_standby(cfg.backend, len(devices))
+        threads = worker_threads(cfg.backend, len(devices))
+        self._slots = [
+            RunSlot(i, dev, n_standby, policy=self.policy, config=cfg, run_root=self._run_root,
+                    cache_dir=self.cache_dir, threads=threads)
+            for i, dev in enumerate(devices)
+        ]
 
     # ------------------------------------------------------------------ public API
 
@@ -102,7 +113,8 @@ class Evaluator:
                 on_verdict(verdict)
             remaining.release()
 
-        threads = [threading.Thread(target=slot.serve, args=(run_queue, finish), daemon=True) for slot in self._slots]
+        threads = [threading.Thread(target=self._serve, args=(slot, run_queue, finish), daemon=True)
+                   for slot in self._slots]
         for t in threads:
             t.start()
         for pending, futures in waiting:
@@ -215,8 +227,6 @@ class Evaluator:
 
     def build_now(self, pending: _Pending, spec: ExtensionSpec) -> Verdict | None:
         """A spec only known at run time (built dynamically by the candidate): build, then rerun."""
-        from kevin_exp.bench.static_checks import check_native
-
         if len(json.dumps(asdict(spec))) > self.config.max_source_bytes:
             return self._verdict(pending.item, Status.FORMAT_ERROR, f"extension sources exceed {self.config.max_source_bytes} bytes")
         violations = check_native(spec, self.config.backend, self.config.rules)
@@ -228,181 +238,61 @@ class Evaluator:
         fut.result()
         return self._collect_builds(pending, [self._build_future(s) for s in pending.specs])
 
-    # ------------------------------------------------------------------ verdicts
+    # ------------------------------------------------------------------ runs
 
-    def _verdict(self, item: EvalItem, status: Status, reason: str, rule: str | None = None, feedback: str = "", **kw: Any) -> Verdict:
-        return Verdict(
-            problem_id=item.problem_id,
-            status=status,
-            reason=reason,
-            rule=rule,
-            feedback=trim(feedback or reason, self.config.feedback_chars),
-            backend=self.config.backend,
-            isolation=self.policy.describe(),
-            **kw,
-        )
-
-    def _internal_error(self, item: EvalItem, exc: BaseException) -> Verdict:
-        return self._verdict(item, Status.CRASHED, f"evaluator error: {type(exc).__name__}: {exc}")
-
-    def verdict_from_run(self, pending: _Pending, outcome, run_s: float) -> Verdict:
-        cfg = self.config
-        item = pending.item
-        res = outcome.result or {}
-        common = dict(compile_s=pending.compile_s, run_s=run_s, cache_hit=all(b.cached for b in pending.builds.values()), device=res.get("device", ""))
-        if outcome.forged:
-            return self._verdict(item, Status.FORBIDDEN, "something other than the evaluator wrote to the worker's result "
-                                 "channel (a forged result); the run counts for nothing", rule="result_forged", **common)
-        if outcome.timed_out:
-            return self._verdict(item, Status.TIMEOUT, f"the run exceeded its {cfg.run_timeout_s:.0f} s limit (infinite loop or deadlock?)", **common)
-        if outcome.memory_exceeded:
-            return self._verdict(item, Status.CRASHED, f"the run exceeded the {cfg.memory_limit_gb:g} GB memory limit", **common)
-        if "status" not in res:
-            sig = outcome.signal_name()
-            how = f"killed by {sig}" if sig else f"exited with code {outcome.returncode}"
-            if res.get("worker_error"):
-                how = res["worker_error"]
-            tail = trim(outcome.output_tail, cfg.feedback_chars // 2)
-            reason = f"the process running your code {how} before reporting a result"
-            if "CUDA error" in outcome.output_tail or "illegal memory access" in outcome.output_tail:
-                reason += " (CUDA error)"
-            return self._verdict(item, Status.CRASHED, reason, feedback=reason + ("\n" + tail if tail else ""), **common)
-        status = Status(res["status"])
-        extra_fields = {k: res[k] for k in ("correctness_trials", "max_abs_diff", "atol", "rtol") if k in res}
-        if res.get("phases"):
-            # where the worker's time went (seconds per stage), for profiling the run stage
-            extra_fields["extra"] = {"phases": res["phases"]}
-        if status is not Status.OK:
-            feedback = res.get("reason", "")
-            if res.get("detail") and status is Status.RUNTIME_ERROR:
-                feedback += "\n" + res["detail"]
-            return self._verdict(item, status, res.get("reason", ""), rule=res.get("rule"), feedback=feedback, **common, **extra_fields)
-        new = TimingStats(**res["runtime_stats"])
-        ref = TimingStats(**res["ref_runtime_stats"])
-        speedup = ref.median_ms / new.median_ms if new.median_ms > 0 else float("inf")
-        flagged = speedup > cfg.excessive_speedup
-        reason = f"correct; speedup {speedup:.3g}x over PyTorch eager ({ref.median_ms:.4g} ms -> {new.median_ms:.4g} ms)"
-        if flagged:
-            reason += f"; flagged: speedup above {cfg.excessive_speedup:g}x"
-        return self._verdict(
-            item,
-            Status.OK,
-            reason,
-            correct=True,
-            runtime_ms=new.median_ms,
-            ref_runtime_ms=ref.median_ms,
-            speedup=speedup,
-            runtime_stats=new,
-            ref_runtime_stats=ref,
-            excessive_speedup=flagged,
-            **common,
-            **extra_fields,
-        )
-
-    def job_for(self, pending: _Pending) -> dict[str, Any]:
-        cfg = asdict(self.config)
-        cfg["cache_dir"] = None
-        return {
-            "reference": pending.item.reference,
-            "candidate": pending.item.candidate,
-            "config": _jsonable(cfg),
-            "prebuilt": {d: [self._worker_path(b.so_path), b.module_name] for d, b in pending.builds.items()},
-        }
-
-
-    def _worker_path(self, so_path: Path) -> str:
-        """Where the worker sees a built module (namespace sandboxes mount the cache read-only)."""
-        if self.policy.mode == "namespace":
-            from kevin_exp.bench.worker import SANDBOX_CACHE
-
-            return str(Path(SANDBOX_CACHE) / Path(so_path).resolve().relative_to(self.cache_dir.resolve()))
-        return str(so_path)
-
-
-class _RunSlot:
-    """A run slot owns one device (or CPU share) and runs one candidate at a time, each in a fresh worker;
-    a few workers keep starting up meanwhile, so a worker's cold start is not paid per candidate."""
-
-    def __init__(self, evaluator: Evaluator, index: int, device: str | None, n_standby: int) -> None:
-        self.ev, self.index, self.device, self.n_standby = evaluator, index, device, n_standby
-        self._standby: deque[WorkerProcess] = deque()
-        self._reapers: list[threading.Thread] = []
-
-    def _take(self) -> WorkerProcess:
-        while self._standby:
-            worker = self._standby.popleft()
-            if worker.alive():
-                return worker
-            worker.close()
-        return self._spawn()
-
-    def _top_up(self) -> None:
-        while len(self._standby) < self.n_standby:
-            self._standby.append(self._spawn())
-
-    def _spawn(self) -> WorkerProcess:
-        cfg = self.ev.config
-        threads = max(1, (os.cpu_count() or 1) // len(self.ev._slots)) if cfg.backend == "cpu" else 0
-        return WorkerProcess(
-            self.ev.policy,
-            cfg.backend,
-            self.index,
-            self.ev._run_root,
-            cuda_device=self.device,
-            cache_dir=self.ev.cache_dir,
-            memory_limit_gb=cfg.memory_limit_gb,
-            threads=threads,
-            max_output_bytes=cfg.max_output_bytes,
-        )
-
-    def serve(self, run_queue: queue.Queue, finish) -> None:
-        # Workers start while the batch's first compiles run, not after the first one is built.
-        self._top_up()
+    def _serve(self, slot: RunSlot, run_queue: queue.Queue[_Pending | None],
+               finish: Callable[[int, Verdict], None]) -> None:
+        """A run slot's thread: the built candidates, one at a time, until the queue says stop."""
+        slot.start()  # workers start while the batch's first compiles run, not after the first one is built
         while True:
             pending = run_queue.get()
             if pending is None:
                 return
             try:
-                verdict = self._run(pending)
+                verdict = self._run(slot, pending)
             except Exception as exc:  # noqa: BLE001
-                verdict = self.ev._internal_error(pending.item, exc)
-            if verdict is not None:
-                finish(pending.index, verdict)
+                verdict = self._internal_error(pending.item, exc)
+            finish(pending.index, verdict)
 
-    def _run(self, pending: _Pending) -> Verdict:
+    def _run(self, slot: RunSlot, pending: _Pending) -> Verdict:
+        """Run a candidate; a spec it only builds at run time is checked and built, then it runs again."""
         while True:
-            worker = self._take()
-            if self.ev.config.backend == "cuda":
-                self._top_up()  # the next ones start while this one runs (on CPU they would take the timed run's cores)
-            t0 = time.monotonic()
-            outcome = worker.run(self.ev.job_for(pending), self.ev.config.run_timeout_s)
-            run_s = time.monotonic() - t0
-            self._retire(worker)
-            self._top_up()
+            outcome, run_s = slot.run(self._job(pending), self.config.run_timeout_s)
             need = (outcome.result or {}).get("needs_build")
             if need is None:
-                return self.ev.verdict_from_run(pending, outcome, run_s)
+                cache_hit = all(b.cached for b in pending.builds.values())
+                return verdict_from_run(pending.item.problem_id, outcome, self.config,
+                                        isolation=self.policy.describe(), compile_s=pending.compile_s, run_s=run_s,
+                                        cache_hit=cache_hit)
             pending.rounds += 1
             if pending.rounds > MAX_BUILD_ROUNDS:
-                return self.ev._verdict(pending.item, Status.RUNTIME_ERROR, "load_inline was called with new sources on every run")
+                return self._verdict(pending.item, Status.RUNTIME_ERROR, "load_inline was called with new sources on every run")
             spec = ExtensionSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in need.items()})
-            verdict = self.ev.build_now(pending, spec)
+            verdict = self.build_now(pending, spec)
             if verdict is not None:
                 return verdict
 
-    def _retire(self, worker: WorkerProcess) -> None:
-        """The worker has reported (or died): kill it and reap it off the critical path."""
-        reaper = worker.close(wait=False)
-        self._reapers = [r for r in self._reapers if r.is_alive()]
-        if reaper is not None:
-            self._reapers.append(reaper)
+    def _job(self, pending: _Pending) -> dict[str, Any]:
+        prebuilt = {d: [self._worker_path(b.so_path), b.module_name] for d, b in pending.builds.items()}
+        return make_job(pending.item.reference, pending.item.candidate, self.config, prebuilt)
 
-    def close(self) -> None:
-        while self._standby:
-            self._standby.popleft().close()
-        for reaper in self._reapers:
-            reaper.join(timeout=15)
-        self._reapers.clear()
+    def _worker_path(self, so_path: Path) -> str:
+        """Where the worker sees a built module (namespace sandboxes mount the cache read-only)."""
+        if self.policy.mode == "namespace":
+            from kevin_exp.bench.worker.sandbox_setup import SANDBOX_CACHE
+
+            return str(Path(SANDBOX_CACHE) / Path(so_path).resolve().relative_to(self.cache_dir.resolve()))
+        return str(so_path)
+
+    # ------------------------------------------------------------------ verdicts
+
+    def _verdict(self, item: EvalItem, status: Status, reason: str, rule: str | None = None, feedback: str = "",
+                 **kw: Any) -> Verdict:
+        return make_verdict(item.problem_id, status, reason, self.config, self.policy.describe(), rule=rule,
+                            feedback=feedback, **kw)
+
+    def _internal_error(self, item: EvalItem, exc: BaseException) -> Verdict:
+        return self._verdict(item, Status.CRASHED, f"evaluator error: {type(exc).__name__}: {exc}")
 
 
 def _make_world_readable(root: Path, so_path: Path) -> None:
@@ -426,16 +316,6 @@ def _defines_model_new(source: str) -> bool:
     return any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def _compile_workers(cfg: BenchConfig) -> int:
     if cfg.compile_workers > 0:
         return cfg.compile_workers
@@ -446,31 +326,6 @@ def _compile_workers(cfg: BenchConfig) -> int:
         mem_gb = 8.0
     per_build_gb = 3.0 if cfg.backend == "cuda" else 1.5  # peak RSS of one build (environment.md)
     return max(1, min(cores, int(mem_gb // per_build_gb)))
-
-
-def _default_standby(backend: str, n_slots: int) -> int:
-    """Workers starting ahead per run slot. A GPU run takes ~1 s and a cold worker ~10 s, so one slot
-    needs several starting at once to stay busy; half the cores, shared by the slots, keeps the rest for
-    compiles."""
-    if backend != "cuda":
-        return 1
-    return max(2, min(8, (os.cpu_count() or 1) // (2 * max(1, n_slots))))
-
-
-def _slot_devices(cfg: BenchConfig) -> list[str | None]:
-    if cfg.backend == "cpu":
-        return [None] * max(1, cfg.run_slots or 1)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip():
-        devices = [d.strip() for d in visible.split(",") if d.strip()]
-    else:
-        import torch
-
-        devices = [str(i) for i in range(torch.cuda.device_count())]
-    if not devices:
-        raise RuntimeError("backend=cuda but no GPU is visible: use backend=cpu or run on a GPU machine")
-    n = cfg.run_slots or len(devices)
-    return [devices[i % len(devices)] for i in range(n)]
 
 
 def evaluate(items: Sequence[EvalItem], config: BenchConfig | None = None) -> list[Verdict]:

@@ -1,0 +1,112 @@
+"""Run slots: the serial stage. A slot owns one device (or a CPU share) and runs one job at a time, each in
+a fresh sandboxed worker, while a few standby workers keep starting so a worker's cold start (sandbox,
+torch, CUDA, the op guard) is not paid per candidate."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from kevin_exp.bench.config import BenchConfig
+from kevin_exp.bench.sandbox import SandboxPolicy
+from kevin_exp.bench.worker_process import WorkerOutcome, WorkerProcess
+
+
+class RunSlot:
+    def __init__(self, index: int, device: str | None, n_standby: int, *, policy: SandboxPolicy,
+                 config: BenchConfig, run_root: Path, cache_dir: Path, threads: int) -> None:
+        self.index, self.device, self.n_standby = index, device, n_standby
+        self.policy, self.config, self.run_root, self.cache_dir, self.threads = (
+            policy, config, run_root, cache_dir, threads)
+        self._standby: deque[WorkerProcess] = deque()
+        self._reapers: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start the standby workers (a batch does this first, so they start while its first compiles run)."""
+        self._top_up()
+
+    def run(self, job: dict[str, Any], timeout_s: float) -> tuple[WorkerOutcome, float]:
+        """Run one job in a fresh worker: its outcome, and the seconds from sending the job to the outcome."""
+        worker = self._take()
+        if self.config.backend == "cuda":
+            self._top_up()  # the next ones start while this one runs (on CPU they would take the timed run's cores)
+        t0 = time.monotonic()
+        outcome = worker.run(job, timeout_s)
+        run_s = time.monotonic() - t0
+        self._retire(worker)
+        self._top_up()
+        return outcome, run_s
+
+    def close(self) -> None:
+        while self._standby:
+            self._standby.popleft().close()
+        for reaper in self._reapers:
+            reaper.join(timeout=15)
+        self._reapers.clear()
+
+    def _take(self) -> WorkerProcess:
+        while self._standby:
+            worker = self._standby.popleft()
+            if worker.alive():
+                return worker
+            worker.close()
+        return self._spawn()
+
+    def _top_up(self) -> None:
+        while len(self._standby) < self.n_standby:
+            self._standby.append(self._spawn())
+
+    def _spawn(self) -> WorkerProcess:
+        cfg = self.config
+        return WorkerProcess(
+            self.policy,
+            cfg.backend,
+            self.index,
+            self.run_root,
+            cuda_device=self.device,
+            cache_dir=self.cache_dir,
+            memory_limit_gb=cfg.memory_limit_gb,
+            threads=self.threads,
+            max_output_bytes=cfg.max_output_bytes,
+        )
+
+    def _retire(self, worker: WorkerProcess) -> None:
+        """The worker has reported (or died): kill it and reap it off the critical path."""
+        reaper = worker.close(wait=False)
+        self._reapers = [r for r in self._reapers if r.is_alive()]
+        if reaper is not None:
+            self._reapers.append(reaper)
+
+
+def slot_devices(cfg: BenchConfig) -> list[str | None]:
+    """One entry per run slot: the CUDA device it owns, or None for a CPU slot."""
+    if cfg.backend == "cpu":
+        return [None] * max(1, cfg.run_slots or 1)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip():
+        devices = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        import torch
+
+        devices = [str(i) for i in range(torch.cuda.device_count())]
+    if not devices:
+        raise RuntimeError("backend=cuda but no GPU is visible: use backend=cpu or run on a GPU machine")
+    n = cfg.run_slots or len(devices)
+    return [devices[i % len(devices)] for i in range(n)]
+
+
+def default_standby(backend: str, n_slots: int) -> int:
+    """Workers starting ahead per run slot. A GPU run takes ~1 s and a cold worker ~10 s, so one slot
+    needs several starting at once to stay busy; half the cores, shared by the slots, keeps the rest for
+    compiles."""
+    if backend != "cuda":
+        return 1
+    return max(2, min(8, (os.cpu_count() or 1) // (2 * max(1, n_slots))))
+
+
+def worker_threads(backend: str, n_slots: int) -> int:
+    """Torch threads per worker: the cores shared by the cpu slots; 0 (torch's default) on cuda."""
+    return max(1, (os.cpu_count() or 1) // n_slots) if backend == "cpu" else 0

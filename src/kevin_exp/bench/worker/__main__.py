@@ -1,0 +1,3 @@
+from kevin_exp.bench.worker.entry import main
+
+main()

@@ -1,0 +1,34 @@
+"""Tensor plumbing shared by the worker's stages: moving, cloning, refilling in place, synchronising."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_device(v, device) for v in value)
+    return value
+
+
+def clone_values(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(clone_values(v) for v in value)
+    return value
+
+
+def copy_into(dst: list[Any], src: list[Any]) -> None:
+    """Overwrite tensors in place, keeping their storage (and data pointers)."""
+    for d, s in zip(dst, src):
+        if isinstance(d, torch.Tensor):
+            d.copy_(s)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
