@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 
 from kevin_exp.bench.config import BenchConfig, CheckRules
+from kevin_exp.errors import UserError, exits_on_user_error
 
 RULE_SWITCHES = [f.name for f in dataclasses.fields(CheckRules)]
 
 
-class UsageError(Exception):
+class UsageError(UserError):
     pass
 
 
@@ -53,6 +54,13 @@ def _config(args: argparse.Namespace) -> BenchConfig:
         raise UsageError(f"--allow {unknown[0]}: unknown rule; choose from {', '.join(RULE_SWITCHES)}")
     rules = dataclasses.replace(CheckRules(), **{r: False for r in args.allow})
     backend = args.backend or _default_backend()
+    try:
+        return _bench_config(args, backend, rules)
+    except ValueError as e:  # BenchConfig checks its own values
+        raise UsageError(str(e)) from None
+
+
+def _bench_config(args: argparse.Namespace, backend: str, rules: CheckRules) -> BenchConfig:
     return BenchConfig(
         backend=backend,
         correctness_trials=args.correctness_trials,
@@ -128,14 +136,11 @@ def _print_text(verdict) -> None:
     print(line, flush=True)
 
 
+@exits_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        config = _config(args)
-        items = _items(args, config.backend)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = _config(args)
+    items = _items(args, config.backend)
     from kevin_exp.bench.evaluator import Evaluator
 
     with Evaluator(config) as evaluator:
