@@ -162,10 +162,11 @@ def preflight(config_name: str, argv: list[str]) -> list[TrainConfig]:
             if not args.cfg:
                 check_run_inputs(typed, composer.entry, memory_check=not launched_by_cluster(cfg))
         except UserError as e:
-            raise type(e)(f"{e}{_which(point, len(points))}") from None
+            swept = [o for o in point if o not in args.overrides]
+            raise type(e)(f"{e} (in the sweep point {' '.join(swept)})" if len(points) > 1 else str(e)) from None
         checked.append(typed)
+    if checked and not args.cfg and launched_by_cluster(cfg):
+        from kevin_exp.launch_checks import check_cluster_reachable
+
+        check_cluster_reachable(str(cfg.hydra.runtime.choices.get("cluster")), cfg.hydra.launcher.get("partition"))
     return checked
-
-
-def _which(point: list[str], n_points: int) -> str:
-    return f" (in the sweep point {' '.join(point)})" if n_points > 1 else ""

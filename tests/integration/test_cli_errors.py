@@ -1,0 +1,104 @@
+"""One kind of user error, one handler per entry point: every mistake below is one line on stderr that names
+the setting or argument and the fix, exit status 2, no traceback, and nothing written."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["model=tiny", "rollout.env=synthetic", "logger.progress=none"]
+
+
+def _run(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _assert_user_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _kernelbench_with_wrong_layout(tmp_path: Path) -> Path:
+    root = tmp_path / "KernelBench-checkout"
+    (root / "level1").mkdir(parents=True)  # level folders at the top, not under KernelBench/
+    return root
+
+
+TRAIN_CASES = {
+    "unknown key": (["gama=0.3"], ["gama: no such setting", "did you mean gamma?"]),
+    "bad value": (["gamma=1.5"], ["gamma=1.5", "expected a number in [0, 1]"]),
+    "wrong type": (["steps=many"], ["steps=many", "expected a value of type int"]),
+    "unknown option": (["model=13b"], ["model=13b: no such option", "tiny"]),
+    "unimplemented backend": (["trainer.backend=deepspeed"], ["trainer.backend=deepspeed: not implemented yet",
+                                                               "implemented: torch"]),
+    "unknown task id": (["tasks.ids=[nope]"], ["unknown problem id(s) 'nope'", "builtin/level1/1"]),
+    "sweep point": (["-m", "gamma=0.0,2.0"], ["gamma=2.0: expected a number in [0, 1]", "in the sweep point gamma=2.0"]),
+    "list without -m": (["gamma=0.1,0.2"], ["gamma=0.1,0.2: a list of values needs -m"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRAIN_CASES))
+def test_train_refuses_a_bad_setting_in_one_line_before_writing_anything(tmp_path, case):
+    overrides, fragments = TRAIN_CASES[case]
+    t0 = time.monotonic()
+    flags = [o for o in overrides if o.startswith("-")]
+    proc = _run(tmp_path, "-m", "kevin_exp.train", *flags, *TINY, *[o for o in overrides if o not in flags])
+    _assert_user_error(proc, *fragments)
+    assert time.monotonic() - t0 < 60  # long before any model, compiler or cluster would be touched
+    assert not (tmp_path / "outputs").exists(), "a refused launch leaves no run folder or ledger line"
+
+
+def test_a_kernelbench_folder_with_the_wrong_layout_names_the_folder_and_the_fix(tmp_path):
+    root = _kernelbench_with_wrong_layout(tmp_path)
+    proc = _run(tmp_path, "-m", "kevin_exp.train", *TINY, "tasks=kernelbench", f"tasks.kernelbench_path={root}")
+    _assert_user_error(proc, f"tasks.kernelbench_path={root}", "level1 holds no problem files")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_evaluate_refuses_a_checkpoint_that_does_not_exist(tmp_path):
+    proc = _run(tmp_path, "-m", "kevin_exp.evaluate", *TINY, f"checkpoint={tmp_path}/no_such_run")
+    _assert_user_error(proc, f"checkpoint={tmp_path}/no_such_run")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_an_unreachable_cluster_is_named_with_the_fix(tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path / "empty")}
+    proc = _run(REPO, "-m", "kevin_exp.train", "-m", "cluster=local_slurm", "resources=cpu", "experiment=cpu_smoke",
+                f"hydra.sweep.dir={tmp_path}/sweep", f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl", env=env)
+    _assert_user_error(proc, "cluster=local_slurm", "sinfo not found", "local-cluster.sh start")
+
+
+def test_the_evaluator_cli_refuses_a_missing_file(tmp_path):
+    proc = _run(tmp_path, "-m", "kevin_exp.bench", "--reference", str(tmp_path / "ref.py"), "--candidate",
+                str(tmp_path / "cand.py"))
+    _assert_user_error(proc, f"--reference {tmp_path}/ref.py: no such file")
+
+
+def test_the_analysis_scripts_refuse_a_folder_with_no_runs(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for script in ("analysis/ablation_table.py", "analysis/plots.py"):
+        extra = ["--out", str(tmp_path / "plots")] if script.endswith("plots.py") else []
+        proc = _run(REPO, str(REPO / script), str(tmp_path / "empty"), *extra)
+        _assert_user_error(proc, f"{tmp_path}/empty")
+
+
+def test_show_refuses_a_folder_without_transcripts(tmp_path):
+    proc = _run(tmp_path, "-m", "kevin_exp.show", str(tmp_path))
+    _assert_user_error(proc, str(tmp_path))
+
+
+def test_cfg_job_resolve_prints_the_resolved_config(tmp_path):
+    proc = _run(tmp_path, "-m", "kevin_exp.train", "--cfg", "job", "--resolve", "gamma=0.9")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "gamma: 0.9" in proc.stdout and "run_dir: null" in proc.stdout
+    assert not (tmp_path / "outputs").exists()
