@@ -161,7 +161,10 @@ class TrainerConfig:
     # sequences per forward/backward
     micro_batch_size: int = 4
     checkpoint_every: int = 1
-    keep_checkpoints: int = 2
+    # checkpoints kept: the newest keep_checkpoints, plus those whose step is a multiple of keep_every (0: none)
+    # and any folder holding a file named `keep` (kevin_exp/trainer/checkpoint.py)
+    keep_checkpoints: int = 1
+    keep_every: int = 0
 
 
 @dataclass
