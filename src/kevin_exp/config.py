@@ -190,6 +190,7 @@ class ResourcesConfig:
     gpus_per_node: int = 1
     # memory of one GPU (H100 80 GB; H200 141 GB)
     gpu_memory_gb: float = 80.0
+    # also the job's thread count (torch, OpenMP, MKL; at most the cores it may use: kevin_exp/threads.py)
     cpus_per_task: int = 16
     mem_gb: int = 128
     timeout_min: int = 240
