@@ -1,78 +1,241 @@
-"""Checkpoints in the run dir: ``checkpoints/step_000007/{policy.pt, optimizer.pt, rng.pt, state.json}``.
+"""Checkpoints in the run dir: ``checkpoints/step_000007/{policy.safetensors, trainer.safetensors, state.json}``.
 
-The ``checkpoints/latest`` pointer is written last (tmp file + rename), so a run killed mid-save resumes
-from the previous complete checkpoint. Older checkpoints beyond ``keep`` are removed after the pointer
-moves.
+Steps are 1-based: ``step_000007`` holds the weights after step 7, and a resumed run starts at step 8.
+
+- ``policy.safetensors``: the model's weights in its training dtype, a tied weight stored once; all that
+  evaluation reads (``load_policy_weights``).
+- ``trainer.safetensors``: the optimizer's per-parameter tensors (AdamW: both moments and the step count)
+  and torch's RNG states (CPU, every CUDA device).
+- ``state.json``: the step, the caller's extra keys, the optimizer's parameter groups, the scheduler's state
+  and Python's and NumPy's RNG states.
+
+Nothing is pickled, so loading a checkpoint runs no code from it.
+
+A checkpoint is written into ``.step_000007.tmp`` and renamed into place, so every ``step_*`` folder is
+complete; a run killed mid-save resumes from the previous one, and the next save removes the leftover. The
+``checkpoints/latest`` file names the newest one, for people and scripts (resume reads the folders).
+
+After each save only the newest ``trainer.keep_checkpoints`` are kept, plus the ones marked to keep: those
+whose step is a multiple of ``trainer.keep_every`` (0: none), and any folder holding a file named ``keep``
+(``touch checkpoints/step_000020/keep``).
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
 
+from kevin_exp.errors import UserError
 
-def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+POLICY_FILE = "policy.safetensors"
+TRAINER_FILE = "trainer.safetensors"
+STATE_FILE = "state.json"
+KEEP_FILE = "keep"
+# the layout written before safetensors (policy.pt, optimizer.pt, rng.pt; 0-based step numbers)
+LEGACY_POLICY_FILE = "policy.pt"
+_STEP_DIR = re.compile(r"step_(\d+)")
 
 
 class Checkpointer:
-    def __init__(self, run_dir: Path, keep: int = 2) -> None:
+    def __init__(self, run_dir: Path, keep: int = 1, keep_every: int = 0) -> None:
+        if keep < 1:
+            raise UserError(f"trainer.keep_checkpoints={keep}: must be at least 1 (a restarted job resumes from the "
+                            "newest checkpoint); use trainer.keep_every to keep more")
+        if keep_every < 0:
+            raise UserError(f"trainer.keep_every={keep_every}: must be 0 (off) or a number of steps")
         self.root = Path(run_dir) / "checkpoints"
-        self.keep = max(1, keep)
+        self.keep, self.keep_every = keep, keep_every
 
     def latest(self) -> Path | None:
-        pointer = self.root / "latest"
-        if not pointer.is_file():
+        """The newest complete checkpoint, or None when there is none."""
+        steps = _step_dirs(self.root)
+        if not steps:
             return None
-        path = self.root / pointer.read_text().strip()
-        return path if (path / "state.json").is_file() else None
+        newest = steps[-1][1]
+        if is_legacy(newest):
+            raise UserError(f"{newest} was written in an older checkpoint format ({LEGACY_POLICY_FILE}) and cannot "
+                            "be resumed: start the run in a new run_dir")
+        complete = [path for _, path in steps if _is_complete(path)]
+        return complete[-1] if complete else None
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
              extra: dict[str, Any] | None = None) -> Path:
+        """Writes the checkpoint of the (1-based) step just finished, then prunes older ones."""
         name = f"step_{step:06d}"
         final = self.root / name
+        for leftover in self.root.glob(".step_*.tmp"):
+            shutil.rmtree(leftover, ignore_errors=True)
         tmp = self.root / f".{name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        torch.save(model.state_dict(), tmp / "policy.pt")
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
-        torch.save(_rng_state(), tmp / "rng.pt")
-        (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}, indent=1))
-        shutil.rmtree(final, ignore_errors=True)
+        save_model(model, str(tmp / POLICY_FILE))
+        tensors, opt_state = _split_optimizer(optimizer.state_dict())
+        rng_tensors, rng_state = _rng_state()
+        save_file({**tensors, **rng_tensors}, str(tmp / TRAINER_FILE))
+        state = {**(extra or {}), "step": step, "optimizer": opt_state, "scheduler": scheduler.state_dict(),
+                 "rng": rng_state}
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+        for path in [*tmp.iterdir(), tmp]:
+            _fsync(path)
+        if final.exists():  # the same step saved again (a rerun of it): replace it
+            shutil.rmtree(final)
         os.rename(tmp, final)
-        pointer_tmp = self.root / "latest.tmp"
-        pointer_tmp.write_text(name)
-        os.replace(pointer_tmp, self.root / "latest")
-        self._prune(keep_name=name)
+        _fsync(self.root)
+        pointer = self.root / "latest.tmp"
+        pointer.write_text(name)
+        os.replace(pointer, self.root / "latest")
+        self._prune(final)
         return final
 
     def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any]:
-        model.load_state_dict(torch.load(path / "policy.pt", map_location="cpu"))
-        opt = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
-        optimizer.load_state_dict(opt["optimizer"])
-        scheduler.load_state_dict(opt["scheduler"])
-        _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
-        return json.loads((path / "state.json").read_text())
+        """Restores everything ``save`` wrote; returns ``state.json`` without the trainer's parts (``step``
+        and the caller's extra keys)."""
+        path = Path(path)
+        load_policy_weights(path, model)
+        state = json.loads((path / STATE_FILE).read_text())
+        tensors = load_file(str(path / TRAINER_FILE))
+        optimizer.load_state_dict(_join_optimizer(tensors, state.pop("optimizer"), optimizer))
+        scheduler.load_state_dict(state.pop("scheduler"))
+        _set_rng_state(tensors, state.pop("rng"))
+        return state
 
-    def _prune(self, keep_name: str) -> None:
-        done = sorted(p for p in self.root.glob("step_*") if p.is_dir())
-        for old in done[: max(0, len(done) - self.keep)]:
-            if old.name != keep_name:
-                shutil.rmtree(old, ignore_errors=True)
+    def _prune(self, newest: Path) -> None:
+        complete = [(step, path) for step, path in _step_dirs(self.root) if _is_complete(path)]
+        recent = {path for _, path in complete[-self.keep:]}
+        for step, path in complete:
+            marked = (self.keep_every > 0 and step % self.keep_every == 0) or (path / KEEP_FILE).exists()
+            if path != newest and path not in recent and not marked:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint that ``checkpoint=<path>`` names: a run dir (its newest checkpoint), its ``checkpoints``
+    folder, or one ``checkpoints/step_NNNNNN`` folder."""
+    p = Path(path).expanduser()
+    fix = ("pass a training run directory or one of its checkpoints/step_NNNNNN folders; leave checkpoint out to "
+           "evaluate the model's own weights")
+    if not p.is_dir():
+        raise UserError(f"checkpoint={path}: no such folder; {fix}")
+    if is_legacy(p):
+        raise UserError(f"checkpoint={path}: written in an older checkpoint format ({LEGACY_POLICY_FILE}), which "
+                        "this version does not read; retrain the run, or evaluate it with the version that wrote it")
+    if _is_complete(p):
+        return p
+    run_dir = p.parent if p.name == "checkpoints" else p
+    if not (run_dir / "checkpoints").is_dir():
+        raise UserError(f"checkpoint={path}: neither a run directory (it has no checkpoints/ folder) nor a "
+                        f"checkpoint folder (it has no {POLICY_FILE}); {fix}")
+    try:
+        latest = Checkpointer(run_dir).latest()
+    except UserError as e:
+        raise UserError(f"checkpoint={path}: {e}") from None
+    if latest is None:
+        raise UserError(f"checkpoint={path}: this run has no finished checkpoint yet (it saves one every "
+                        "trainer.checkpoint_every steps); wait for one, or pass another run")
+    return latest
+
+
+def load_policy_weights(checkpoint_dir: Path, model: torch.nn.Module, model_name: str | None = None) -> None:
+    """Copies the checkpoint's weights into ``model`` (cast to the model's dtype, on its device);
+    ``model_name`` (the ``model`` setting) names the model in the error when they do not fit."""
+    path = Path(checkpoint_dir) / POLICY_FILE
+    try:
+        load_model(model, str(path), strict=True)
+    except RuntimeError as e:
+        detail = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))
+        which = f"model={model_name}" if model_name else "this model"
+        raise UserError(f"{checkpoint_dir}: its weights do not fit {which} ({detail}); use the model it was "
+                        "trained with") from None
+
+
+def checkpoint_step(checkpoint_dir: Path) -> int:
+    """The training steps behind a checkpoint's weights (1-based: the step it was saved after)."""
+    return int(json.loads((Path(checkpoint_dir) / STATE_FILE).read_text())["step"])
+
+
+def is_legacy(path: Path) -> bool:
+    return (path / LEGACY_POLICY_FILE).is_file() and not (path / POLICY_FILE).is_file()
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / POLICY_FILE).is_file() and (path / STATE_FILE).is_file()
+
+
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    if not root.is_dir():
+        return []
+    found = ((_STEP_DIR.fullmatch(p.name), p) for p in root.iterdir() if p.is_dir())
+    return sorted((int(m.group(1)), p) for m, p in found if m)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------- optimizer
+
+
+def _split_optimizer(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Per-parameter tensors (``optimizer.<index>.<name>``) apart from everything else (JSON)."""
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for index, per_param in state_dict["state"].items():
+        for name, value in per_param.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optimizer.{index}.{name}"] = value.detach().contiguous()
+            else:
+                scalars.setdefault(str(index), {})[name] = value
+    return tensors, {"param_groups": state_dict["param_groups"], "scalars": scalars}
+
+
+def _join_optimizer(tensors: dict[str, torch.Tensor], saved: dict[str, Any],
+                    optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        kind, index, name = key.split(".", 2)
+        if kind == "optimizer":
+            state.setdefault(int(index), {})[name] = value
+    for index, values in saved["scalars"].items():
+        state.setdefault(int(index), {}).update(values)
+    # JSON turns tuples (AdamW's betas) into lists: give each setting back the type the optimizer uses
+    groups = []
+    for group, live in zip(saved["param_groups"], optimizer.param_groups):
+        groups.append({k: tuple(v) if isinstance(live.get(k), tuple) else v for k, v in group.items()})
+    return {"state": state, "param_groups": groups}
+
+
+# ---------------------------------------------------------------------------------------------- RNG
+
+
+def _rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors = {"rng.torch.cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors.update({f"rng.torch.cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return tensors, {"python": [version, list(internal), gauss_next],
+                     "numpy": [kind, keys.tolist(), pos, has_gauss, cached]}
+
+
+def _set_rng_state(tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(tensors["rng.torch.cpu"])
+    cuda: list[torch.Tensor] = []
+    while (key := f"rng.torch.cuda{len(cuda)}") in tensors:
+        cuda.append(tensors[key])
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
