@@ -94,7 +94,8 @@ def test_a_gamma_sweep_runs_as_three_slurm_jobs_with_their_own_records(tmp_path)
     # the launcher printed a line per job as soon as the array was queued, before waiting on it
     assert waiting
     printed = [m for m in map(JOB_LINE.fullmatch, out.splitlines()) if m]
-    assert sorted(m["id"] for m in printed) == [j for j in _slurm_job_ids(sweep) if "_" in j]  # .submitit/<array id>/ holds the array's submission files
+    # .submitit/<array id>/ holds the array's submission files; each job has its own <array id>_<index>/
+    assert sorted(m["id"] for m in printed) == [j for j in _slurm_job_ids(sweep) if "_" in j]
     for m in printed:
         run_dir, [gamma] = Path(m["run"]), [o for o in m["overrides"].split() if o.startswith("gamma=")]
         assert _sacct_states(m["id"]) == ["COMPLETED"]
