@@ -6,6 +6,7 @@ Skipped where no `sinfo` exists; CI starts the local cluster first.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -19,10 +20,25 @@ pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
 TIMING_KEYS = {"generate_s", "evaluate_s", "evaluate_wait_s", "train_s", "step_s", "run_id"}
+# what the launcher prints per submitted job (hydra_plugins/kevin_exp_launcher/checked_slurm.py)
+JOB_LINE = re.compile(r"job (?P<id>\S+) \[(?P<overrides>.*)\] run: (?P<run>.+) logs: (?P<logs>.+)/")
 
 
-def _train(*args: str, **kw) -> list[str]:
+def _train(*args: str) -> list[str]:
     return [sys.executable, "-m", "kevin_exp.train", *args]
+
+
+def _expected_steps(n: int) -> list[int]:
+    return list(range(n))
+
+
+def _run_dirs(sweep_dir: Path) -> list[Path]:
+    """A sweep's job folders, found by their records rather than by name."""
+    return sorted(p.parent for p in sweep_dir.glob("*/config.json"))
+
+
+def _config(run_dir: Path) -> dict:
+    return json.loads((run_dir / "config.json").read_text())
 
 
 def _slurm_job_ids(sweep_dir: Path) -> list[str]:
@@ -35,20 +51,37 @@ def _sacct_states(job_id: str) -> list[str]:
     return [line.split("|")[1] for line in out.splitlines() if line]
 
 
+def _launch_reading_job_lines(cmd: list[str], timeout_s: float) -> tuple[int, str, bool]:
+    """Runs a launch to its end; also says whether the launcher was still waiting on its jobs when it printed
+    its first job line."""
+    launcher = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        head = []
+        for line in launcher.stdout:
+            head.append(line)
+            if JOB_LINE.fullmatch(line.rstrip("\n")):
+                break
+        waiting = launcher.poll() is None
+        rest, _ = launcher.communicate(timeout=timeout_s)
+    finally:
+        launcher.kill()
+    return launcher.returncode, "".join(head) + rest, waiting
+
+
 def test_a_gamma_sweep_runs_as_three_slurm_jobs_with_their_own_records(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = subprocess.run(
+    returncode, out, waiting = _launch_reading_job_lines(
         _train("-m", "gamma=0.0,0.4,1.0", "cluster=local_slurm", "resources=cpu", "experiment=cpu_smoke", "steps=2",
                "tasks_per_step=1", "rollout.max_new_tokens=16", f"hydra.sweep.dir={sweep}",
-               f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl"),
-        cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "Submitit 'slurm' sweep output dir" in proc.stdout
+               f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl"), timeout_s=900)
+    assert returncode == 0, out[-4000:]
+    assert "Submitit 'slurm' sweep output dir" in out
     seen_jobs = set()
-    for gamma in (0.0, 0.4, 1.0):
-        [job] = sweep.glob(f"*gamma={gamma},*")
+    by_gamma = {_config(job)["gamma"]: job for job in _run_dirs(sweep)}
+    assert sorted(by_gamma) == [0.0, 0.4, 1.0]
+    for gamma, job in by_gamma.items():
         turns, metrics = read_jsonl(job / "turns.jsonl"), read_jsonl(job / "metrics.jsonl")
-        assert [m["step"] for m in metrics] == [0, 1]
+        assert [m["step"] for m in metrics] == _expected_steps(2)
         assert len(turns) == 2 * 1 * 2 * 2 and {t["gamma"] for t in turns} == {gamma}
         assert {t["backend"] for t in turns} == {"cpu"}
         [start] = json.loads((job / "meta.json").read_text())["starts"]
@@ -57,6 +90,19 @@ def test_a_gamma_sweep_runs_as_three_slurm_jobs_with_their_own_records(tmp_path)
     assert len(seen_jobs) == 3  # one SLURM job per point
     [array_job] = {j.split("_")[0] for j in _slurm_job_ids(sweep)}
     assert _sacct_states(array_job) == ["COMPLETED"] * 3
+
+    # the launcher printed a line per job as soon as the array was queued, before waiting on it
+    assert waiting
+    printed = [m for m in map(JOB_LINE.fullmatch, out.splitlines()) if m]
+    # .submitit/<array id>/ holds the array's submission files; each job has its own <array id>_<index>/
+    assert sorted(m["id"] for m in printed) == [j for j in _slurm_job_ids(sweep) if "_" in j]
+    for m in printed:
+        run_dir, [gamma] = Path(m["run"]), [o for o in m["overrides"].split() if o.startswith("gamma=")]
+        assert _sacct_states(m["id"]) == ["COMPLETED"]
+        assert Path(m["logs"]) == sweep / ".submitit" / m["id"] and any(Path(m["logs"]).glob("*_log.out"))
+        assert run_dir == by_gamma[float(gamma.split("=")[1])]
+        [start] = json.loads((run_dir / "meta.json").read_text())["starts"]
+        assert f"{start['slurm_array_job_id']}_{start['slurm_array_task_id']}" == m["id"]
 
 
 SYNTHETIC = ["model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=lines", "steps=6",
@@ -81,7 +127,7 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_with_every_row_once
         deadline = time.monotonic() + 300
         metrics = []
         while launcher.poll() is None and time.monotonic() < deadline:
-            metrics = [read_jsonl(p) for p in sweep.glob("gamma=*/metrics.jsonl")]
+            metrics = [read_jsonl(p) for p in sweep.glob("*/metrics.jsonl")]
             if metrics and len(metrics[0]) >= 2:
                 break
             time.sleep(0.1)
@@ -94,7 +140,7 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_with_every_row_once
         launcher.kill()
     assert launcher.returncode == 0, out[-4000:]
 
-    [job] = sweep.glob("gamma=*")
+    [job] = _run_dirs(sweep)
     starts = json.loads((job / "meta.json").read_text())["starts"]
     assert [s["slurm_restart_count"] for s in starts] == [0, 1], starts  # requeued once, same SLURM job
     assert starts[0]["slurm_job_id"] == starts[1]["slurm_job_id"] and starts[1]["start_step"] >= 1
@@ -117,8 +163,7 @@ def test_an_evaluation_sweep_runs_through_slurm_like_training(tmp_path):
          f"hydra.sweep.dir={sweep}", f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    jobs = [p for p in sweep.iterdir() if (p / "turns.jsonl").is_file()]
-    by_turns = {json.loads((j / "config.json").read_text())["eval"]["n_turns"]: j for j in jobs}
+    by_turns = {_config(j)["eval"]["n_turns"]: j for j in _run_dirs(sweep)}
     assert sorted(by_turns) == [1, 2]
     for turns, job in by_turns.items():
         rows = read_jsonl(job / "turns.jsonl")
@@ -138,13 +183,13 @@ def test_a_job_reaching_its_time_limit_is_requeued_and_finishes_with_every_row_o
                f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl"),
         cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    [job] = sweep.glob("gamma=*")
+    [job] = _run_dirs(sweep)
     starts = json.loads((job / "meta.json").read_text())["starts"]
     assert len(starts) >= 2 and [s["slurm_restart_count"] for s in starts] == list(range(len(starts)))
     assert [s["start_step"] for s in starts] == sorted(s["start_step"] for s in starts)
     turns = read_jsonl(job / "turns.jsonl")
     keys = [(r["step"], r["task_id"], r["trajectory"], r["turn"]) for r in turns]
     assert len(keys) == len(set(keys)) == steps * 2 * 3 * 2
-    assert [m["step"] for m in read_jsonl(job / "metrics.jsonl")] == list(range(steps))
+    assert [m["step"] for m in read_jsonl(job / "metrics.jsonl")] == _expected_steps(steps)
     log = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.err"))
     assert "this job is timed-out" in log

@@ -1,24 +1,80 @@
-"""submitit's SLURM launcher, with kevin-exp's pre-submission checks (kevin_exp.launch_checks)."""
+"""submitit's SLURM launcher, with kevin-exp's pre-submission checks (kevin_exp.launch_checks) and a line per
+submitted job: its overrides, SLURM job id, run folder and log folder."""
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+from omegaconf import DictConfig, open_dict
 
 from kevin_exp.launch_checks import LaunchError, check_cluster_reachable, check_points, job_config
+
+if TYPE_CHECKING:
+    import submitit
 
 
 class CheckedSlurmLauncher(SlurmLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None
+        loader = self.hydra_context.config_loader
+        sweep_configs = [loader.load_sweep_config(self.config, list(o)) for o in job_overrides]
         try:
-            loader = self.hydra_context.config_loader
-            points = [(filter_overrides(o), job_config(loader.load_sweep_config(self.config, list(o))))
-                      for o in job_overrides]
-            check_points(points, self.params.get("gpus_per_node"))
+            check_points([(filter_overrides(o), job_config(c)) for o, c in zip(job_overrides, sweep_configs)],
+                         self.params.get("gpus_per_node"))
             check_cluster_reachable(self.config.hydra.runtime.choices.get("cluster", "?"), self.params.get("partition"))
         except LaunchError as e:
             # Hydra reports launcher exceptions as tracebacks; this is a user error with its fix
             raise SystemExit(f"error: {e}") from None
-        return super().launch(job_overrides, initial_job_idx)
+
+        def report(jobs: Sequence[submitit.Job]) -> None:
+            for idx, (overrides, sweep_config, job) in enumerate(zip(job_overrides, sweep_configs, jobs)):
+                run_dir = _run_dir(sweep_config, job.job_id, initial_job_idx + idx)
+                print(f"job {job.job_id} [{' '.join(filter_overrides(overrides))}] run: {run_dir} "
+                      f"logs: {job.paths.folder}/", flush=True)
+
+        with _on_submission(report):
+            return super().launch(job_overrides, initial_job_idx)
+
+
+@contextmanager
+def _on_submission(report: Callable[[Sequence[submitit.Job]], None]) -> Iterator[None]:
+    """SlurmLauncher.launch builds its executor, submits the array with map_array and then blocks until every
+    job has ended; wrapping map_array for the call is the one place to see the jobs as soon as they are queued."""
+    import submitit  # imported when used, as the parent does, so that Hydra's plugin discovery stays fast
+
+    executor_class = submitit.AutoExecutor
+    own = executor_class.__dict__.get("map_array")
+    original = executor_class.map_array
+
+    def map_array(executor: submitit.AutoExecutor, fn: Callable, *iterable: Sequence) -> list[submitit.Job]:
+        jobs = original(executor, fn, *iterable)
+        report(jobs)
+        return jobs
+
+    executor_class.map_array = map_array  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if own is None:
+            del executor_class.map_array
+        else:
+            executor_class.map_array = own  # type: ignore[method-assign]
+
+
+def _run_dir(sweep_config: DictConfig, job_id: str, job_num: int) -> Path:
+    """hydra.sweep.dir/hydra.sweep.subdir as the job resolves them: with the job's id and number filled in and its
+    own config as the current HydraConfig (for ${hydra:job.override_dirname})."""
+    with open_dict(sweep_config.hydra.job):
+        sweep_config.hydra.job.id = job_id
+        sweep_config.hydra.job.num = job_num
+    hydra_config = HydraConfig.instance()
+    saved = hydra_config.cfg
+    hydra_config.set_config(sweep_config)
+    try:
+        return Path(str(sweep_config.hydra.sweep.dir), str(sweep_config.hydra.sweep.subdir)).absolute()
+    finally:
+        hydra_config.cfg = saved
