@@ -223,23 +223,17 @@ class TrainerConfig:
     # passes over the batch
     epochs: int = number(1, ge=1)
     # sequences per forward/backward
-<<<<<<< HEAD
     micro_batch_size: int = number(4, ge=1)
     checkpoint_every: int = number(1, ge=1)
+    # checkpoints kept: the newest keep_checkpoints, plus those whose step is a multiple of keep_every (0: none)
+    # and any folder holding a file named `keep` (kevin_exp/trainer/checkpoint.py)
     keep_checkpoints: int = number(1, ge=1)
+    keep_every: int = number(0, ge=0)
 
     def extra_checks(self, prefix: str) -> list[str]:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             return [f"{prefix}device={self.device!r}: expected auto, cpu, cuda or cuda:N"]
         return []
-=======
-    micro_batch_size: int = 4
-    checkpoint_every: int = 1
-    # checkpoints kept: the newest keep_checkpoints, plus those whose step is a multiple of keep_every (0: none)
-    # and any folder holding a file named `keep` (kevin_exp/trainer/checkpoint.py)
-    keep_checkpoints: int = 1
-    keep_every: int = 0
->>>>>>> checkpoints
 
 
 @dataclass
@@ -264,18 +258,11 @@ class ResourcesConfig:
     nodes: int = number(1, ge=1)
     gpus_per_node: int = number(1, ge=0)
     # memory of one GPU (H100 80 GB; H200 141 GB)
-<<<<<<< HEAD
     gpu_memory_gb: float = number(80.0, ge=0)
+    # also the job's thread count (torch, OpenMP, MKL; at most the cores it may use: kevin_exp/threads.py)
     cpus_per_task: int = number(16, ge=1)
     mem_gb: int = number(128, ge=1)
     timeout_min: int = number(240, ge=1)
-=======
-    gpu_memory_gb: float = 80.0
-    # also the job's thread count (torch, OpenMP, MKL; at most the cores it may use: kevin_exp/threads.py)
-    cpus_per_task: int = 16
-    mem_gb: int = 128
-    timeout_min: int = 240
->>>>>>> checkpoints
     # refuse to launch when the estimate exceeds this share of the GPU memory (allocator slack, CUDA context)
     max_memory_fraction: float = number(0.9, gt=0, le=1)
     # false: skip the launch-time memory check

@@ -75,12 +75,7 @@ class EvaluationRun:
         self.pool: list[Problem] = self.parts.pool
         self.policy_step = 0
         if self.checkpoint is not None:
-            try:
-                load_policy_weights(self.checkpoint, self.policy.model)
-            except (RuntimeError, KeyError, ValueError) as e:
-                first = str(e).strip().splitlines()[:1]
-                raise CheckpointError(f"checkpoint={cfg.checkpoint}: its weights do not fit model={cfg.model.name} "
-                                      f"({first[0] if first else e}); pass the model it was trained with") from None
+            load_policy_weights(self.checkpoint, self.policy.model, cfg.model.name)
             self.policy_step = checkpoint_step(self.checkpoint)
         self.done_tasks = self.drop_unfinished_batches()
         self.folder.open(cfg, 0)

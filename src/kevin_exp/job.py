@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from kevin_exp.config import TrainConfig, to_typed
 from kevin_exp.preflight import check_run_inputs, launched_by_cluster
+from kevin_exp.threads import apply_thread_limits
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ def job_settings(cfg: DictConfig, entry: str) -> JobSettings:
     run_dir = typed.run_dir or hc.runtime.output_dir
     typed = dataclasses.replace(typed, run_dir=str(Path(run_dir).resolve()))
     check_run_inputs(typed, entry, memory_check=not launched_by_cluster())
+    apply_thread_limits(typed.resources)  # before the model loads and the evaluator starts
     if hc.mode == RunMode.MULTIRUN:
         print(f"job #{hc.job.num}: {' '.join(hc.overrides.task) or 'no overrides'} -> {typed.run_dir}", flush=True)
     return JobSettings(typed, sweep_group(typed))

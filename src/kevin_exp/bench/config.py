@@ -76,6 +76,7 @@ class BenchConfig:
     feedback_chars: int = 2000
     max_source_bytes: int = 512 * 1024
     compile_workers: int = 0  # 0: from cores and memory
+    cpus: int = 0  # cores the evaluator may use (0: all of the machine's)
     run_slots: int = 0  # 0: one per visible GPU (cuda) / 1 (cpu)
     # sandboxed workers kept starting per run slot while one runs (a cold start costs ~10 s on a GPU box, a
     # run ~1 s); 0: cores / (2 x run slots), 2 to 8 (cuda) / 1 (cpu, where starting workers would take

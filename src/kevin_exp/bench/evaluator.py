@@ -32,6 +32,7 @@ from kevin_exp.bench.run_slot import (
     RunSlot,
     default_standby,
     slot_devices,
+    usable_cores,
     worker_threads,
 )
 from kevin_exp.bench.sandbox import SandboxPolicy, probe_policy
@@ -70,6 +71,7 @@ class Evaluator:
             mode=cfg.build_mode,
             timeout_s=cfg.compile_timeout_s,
             memory_limit_gb=max(cfg.memory_limit_gb, 8.0),
+            jobs=usable_cores(cfg.cpus),
         )
         self.policy: SandboxPolicy = probe_policy(cfg.sandbox, cfg.backend)
         self._compile_pool = ThreadPoolExecutor(max_workers=_compile_workers(cfg), thread_name_prefix="kx-compile")
@@ -77,8 +79,8 @@ class Evaluator:
         self._builds_lock = threading.Lock()
         self._run_root = Path(tempfile.mkdtemp(prefix="kevin_exp_run_"))
         devices = slot_devices(cfg)
-        n_standby = cfg.standby_workers or default_standby(cfg.backend, len(devices))
-        threads = worker_threads(cfg.backend, len(devices))
+        n_standby = cfg.standby_workers or default_standby(cfg.backend, len(devices), usable_cores(cfg.cpus))
+        threads = worker_threads(cfg.backend, len(devices), usable_cores(cfg.cpus))
         self._slots = [
             RunSlot(i, dev, n_standby, policy=self.policy, config=cfg, run_root=self._run_root,
                     cache_dir=self.cache_dir, threads=threads)
@@ -319,7 +321,7 @@ def _defines_model_new(source: str) -> bool:
 def _compile_workers(cfg: BenchConfig) -> int:
     if cfg.compile_workers > 0:
         return cfg.compile_workers
-    cores = os.cpu_count() or 1
+    cores = usable_cores(cfg.cpus)
     try:
         mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / (1 << 30)
     except (ValueError, OSError):

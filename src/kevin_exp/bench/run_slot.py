@@ -98,15 +98,20 @@ def slot_devices(cfg: BenchConfig) -> list[str | None]:
     return [devices[i % len(devices)] for i in range(n)]
 
 
-def default_standby(backend: str, n_slots: int) -> int:
+def usable_cores(cpus: int) -> int:
+    """The cores the evaluator sizes itself by: its configured share, or the whole machine."""
+    return cpus or os.cpu_count() or 1
+
+
+def default_standby(backend: str, n_slots: int, cores: int) -> int:
     """Workers starting ahead per run slot. A GPU run takes ~1 s and a cold worker ~10 s, so one slot
     needs several starting at once to stay busy; half the cores, shared by the slots, keeps the rest for
     compiles."""
     if backend != "cuda":
         return 1
-    return max(2, min(8, (os.cpu_count() or 1) // (2 * max(1, n_slots))))
+    return max(2, min(8, cores // (2 * max(1, n_slots))))
 
 
-def worker_threads(backend: str, n_slots: int) -> int:
+def worker_threads(backend: str, n_slots: int, cores: int) -> int:
     """Torch threads per worker: the cores shared by the cpu slots; 0 (torch's default) on cuda."""
-    return max(1, (os.cpu_count() or 1) // n_slots) if backend == "cpu" else 0
+    return max(1, cores // n_slots) if backend == "cpu" else 0

@@ -75,7 +75,7 @@ class TrainingRun:
         self.sweep = sweep or cfg.sweep_name
         self.folder = RunFolder.at(cfg.run_dir)
         self.run_dir, self.run_id, self.records = self.folder.path, self.folder.run_id, self.folder.records
-        self.checkpointer = Checkpointer(self.run_dir, cfg.trainer.keep_checkpoints)
+        self.checkpointer = Checkpointer(self.run_dir, cfg.trainer.keep_checkpoints, cfg.trainer.keep_every)
         self.settings = training_settings(cfg)
 
     # ------------------------------------------------------------------ setup

@@ -1,6 +1,7 @@
 """Building the run's components from its config, with errors that name the key and the fix."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -9,6 +10,7 @@ from kevin_exp.config import TasksConfig, TrainConfig
 from kevin_exp.errors import UserError
 from kevin_exp.tasks import Problem, load_builtin, load_kernelbench, select
 from kevin_exp.tasks.splits import apply_split
+from kevin_exp.threads import thread_count
 
 
 def resolve_device(name: str) -> torch.device:
@@ -60,6 +62,6 @@ def build_environment(cfg: TrainConfig, vocab_size: int):
         raise ValueError(f"rollout.env={cfg.rollout.env!r}: expected kernel or synthetic")
     from kevin_exp.bench.evaluator import Evaluator
 
-    evaluator = Evaluator(cfg.evaluator.to_bench())
+    evaluator = Evaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=thread_count(cfg.resources)))
     weights = ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight)
     return KernelEnv(evaluator, weights)
