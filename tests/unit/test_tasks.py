@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kevin_exp.errors import UserError
 from kevin_exp.tasks import BUILTIN_ROOT, Problem, UnknownProblemError, load_builtin, load_kernelbench, select
 
 BUILTIN = load_builtin()
@@ -238,7 +239,7 @@ def test_select_unknown_id_is_a_clear_error():
     message = str(err.value)
     assert "'builtin/level9/1'" in message and "'level1/1'" in message
     assert "builtin/level1/1," in message  # lists known ids
-    assert isinstance(err.value, ValueError)
+    assert isinstance(err.value, UserError)  # one line and exit 2 at every entry point
 
 
 def test_builtin_root_layout():
