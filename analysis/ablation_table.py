@@ -17,7 +17,11 @@ except ImportError:  # run from a checkout without `pip install -e .`
 
 from kevin_exp.analysis.budget import budget_table, check_budget
 from kevin_exp.analysis.cli import (
-    ArgumentParser, add_selection_arguments, analysis_from_args, check_output_file, write_output,
+    ArgumentParser,
+    add_selection_arguments,
+    analysis_from_args,
+    check_output_file,
+    write_output,
 )
 from kevin_exp.analysis.curves import curve_table, turn_curves
 from kevin_exp.analysis.render import FORMATS, render

@@ -21,11 +21,16 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from matplotlib.figure import Figure  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from kevin_exp.analysis.cli import (  # noqa: E402
-    Analysis, ArgumentParser, add_selection_arguments, analysis_from_args, check_output_dir, write_output,
+    Analysis,
+    ArgumentParser,
+    add_selection_arguments,
+    analysis_from_args,
+    check_output_dir,
+    write_output,
 )
 from kevin_exp.analysis.curves import turn_curves  # noqa: E402
 from kevin_exp.analysis.figures import scaling_figure, training_figure  # noqa: E402

@@ -25,14 +25,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from eval_throughput import distinct_items
+
 from kevin_exp.bench import BenchConfig, CheckRules
 from kevin_exp.bench.build import Builder, cache
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.evaluator import Evaluator
 from kevin_exp.bench.sandbox import _probe_worker, probe_policy
 from kevin_exp.bench.uid_lease import UidLease
-
-from eval_throughput import distinct_items
 
 
 def children_cpu_s() -> float:

@@ -3,7 +3,7 @@
 # Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [STAGES] [test paths / pytest args...]
 # STAGES: comma-separated contention,cost,bench,bench128,tests,train,compare,compile (default all, in that order),
 # e.g. bash scripts/gpu_check.sh cost,bench
-# Carry .whl (../shared/tools/gpu-machine-wheels.sh .whl) and .gpu-carry/smollm2_tokenizer (a saved SmolLM2 tokenizer).
+# Carry .whl and .gpu-carry/smollm2_tokenizer (a saved SmolLM2 tokenizer): bash scripts/prepare_gpu_carry.sh makes both.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:-all}; shift || true
@@ -15,7 +15,7 @@ export TORCH_CUDA_ARCH_LIST=9.0
 export CXX=/usr/bin/g++ CC=/usr/bin/gcc
 export KEVIN_EXP_CACHE=${KEVIN_EXP_CACHE:-/tmp/kx-cache}
 py=${PYTHON:-python3}
-# the image lacks Hydra: wheels fetched beforehand by ../shared/tools/gpu-machine-wheels.sh into .whl
+# the image lacks Hydra: wheels fetched beforehand by scripts/prepare_gpu_carry.sh into .whl
 if [[ -d .whl ]]; then
   $py -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site \
     .whl/hydra_core-* .whl/omegaconf-* .whl/antlr4* 2>&1 | tail -2

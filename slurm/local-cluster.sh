@@ -15,7 +15,6 @@
 #                                      sacct a cancelled job never finishes from submitit's side); 0 = off
 #   KEVIN_SLURM_TIMEOUT=90             seconds to wait for each daemon and for the node to become idle
 # Clients find the config through the /etc/slurm/slurm.conf symlink, or: export SLURM_CONF=$KEVIN_SLURM_DIR/etc/slurm.conf
-# Design notes and the gotchas behind each setting: shared/notes/slurm.md.
 set -euo pipefail
 
 DIR=${KEVIN_SLURM_DIR:-/tmp/kevin-slurm}

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from typing import Any, Sequence
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from kevin_exp.config import TrainConfig, to_typed
 from kevin_exp.errors import UserError

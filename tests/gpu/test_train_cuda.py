@@ -58,3 +58,27 @@ def test_one_step_generating_with_a_135m_sized_model_on_the_gpu(tmp_path, build_
     print("135M-shaped cuda step time split:", _split(metrics), "samples", metrics["samples"])
     assert metrics["samples"] == run.cfg.tasks_per_step * run.cfg.n_trajectories * run.cfg.n_turns
     assert metrics["generate_s"] > 0 and metrics["train_s"] > 0
+    # sampled on the GPU with KV caching, scored by the learner without: the same distribution in fp32
+    print("135M-shaped cuda logprob_diff mean/max:", metrics["logprob_diff_mean"], metrics["logprob_diff_max"])
+    assert metrics["logprob_diff_max"] < 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sampler_and_learner_log_probs_on_the_gpu(dtype):
+    """fp32 agrees to rounding; bf16 shows the mismatch logprob_diff is there to report."""
+    import torch
+
+    from kevin_exp.models import load_policy
+    from kevin_exp.rollout.generation import HFGenerator
+    from kevin_exp.trainer.learner import LearnerSample, TorchLearner
+
+    cfg = compose_train(["model=tiny", f"model.dtype={dtype}", *_tokenizer_override()])
+    policy = load_policy(cfg.model, torch.device("cuda"))
+    gens = HFGenerator(policy, 8).generate([[1, 2, 3 + k] for k in range(8)], 64, 0.7, 0.9, seed=3)
+    samples = [LearnerSample(g.prompt_ids, g.response_ids, 1.0 - (k % 2), g.logprobs) for k, g in enumerate(gens)]
+    learner = TorchLearner(policy.model, policy.tokenizer.pad_token_id, cfg.trainer, cfg.algorithm, 64, 1,
+                           torch.device("cuda"), temperature=0.7, top_p=0.9)
+    stats = learner.update(samples, seed=0)
+    print(f"{dtype} logprob_diff mean {stats.logprob_diff_mean:.2e} max {stats.logprob_diff_max:.2e}")
+    if dtype == "float32":
+        assert stats.logprob_diff_max < 1e-3

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kevin_exp.bench.build import BuildError, Builder, import_extension
+from kevin_exp.bench.build import Builder, BuildError, import_extension
 from kevin_exp.bench.spec import ExtensionSpec
 
 SALT = uuid.uuid4().hex

@@ -155,7 +155,8 @@ def test_a_local_multirun_runs_one_job_per_gamma_in_its_own_directory(tmp_path):
 
 def _sweep(tmp_path: Path, *overrides: str, sizes: tuple[str, ...] = ("n_trajectories=2", "n_turns=1")):
     return subprocess.run(
-        [sys.executable, "-m", "kevin_exp.train", "-m", *SYNTHETIC, "steps=1", *sizes, "tasks_per_step=1", "rollout.max_new_tokens=4", f"hydra.sweep.dir={tmp_path}/sweep",
+        [sys.executable, "-m", "kevin_exp.train", "-m", *SYNTHETIC, "steps=1", *sizes, "tasks_per_step=1",
+         "rollout.max_new_tokens=4", f"hydra.sweep.dir={tmp_path}/sweep",
          f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl", *overrides],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )

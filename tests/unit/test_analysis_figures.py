@@ -11,7 +11,14 @@ import pytest
 from matplotlib.axes import Axes
 
 from kevin_exp.analysis import (
-    Run, Selection, StepWindow, Variant, group_variants, load_runs, training_curves, turn_curves,
+    Run,
+    Selection,
+    StepWindow,
+    Variant,
+    group_variants,
+    load_runs,
+    training_curves,
+    turn_curves,
 )
 from kevin_exp.analysis.figures import scaling_figure, training_figure
 from tests.unit.test_analysis_metrics import F, hand_config, turn_rows, write_hand_sweep, write_run

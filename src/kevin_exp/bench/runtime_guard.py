@@ -1,4 +1,4 @@
-"""Runtime hack defences used inside the evaluation worker (kevin-recipe.md 5: items 1, 4, 10).
+"""Runtime hack defences used inside the evaluation worker (docs/hack_defences.md: hacks 1, 4, 10).
 
 ``block_torch_compute()`` is a ``TorchDispatchMode``: every ATen op dispatched while it is active
 (from Python *or* from a C++ extension calling ``at::``/``torch::`` functions, since both go through

@@ -25,7 +25,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from kevin_exp.bench.build.cache import locked, lock_path, new_tmp_dir, publish
+from kevin_exp.bench.build.cache import lock_path, locked, new_tmp_dir, publish
 from kevin_exp.config import MODEL_DTYPES, MODEL_SOURCES, ModelConfig
 from kevin_exp.errors import UserError
 

@@ -75,7 +75,8 @@ def run_rollout(
     trajectories = [_Trajectory(t, j) for t in tasks for j in range(settings.n_trajectories)]
     n_groups = 2 if settings.overlap and len(tasks) >= 2 else 1
     per_group = -(-len(tasks) // n_groups)
-    groups = [trajectories[g * per_group * settings.n_trajectories : (g + 1) * per_group * settings.n_trajectories] for g in range(n_groups)]
+    width = per_group * settings.n_trajectories
+    groups = [trajectories[g * width : (g + 1) * width] for g in range(n_groups)]
     groups = [g for g in groups if g]
     samples: dict[tuple[str, int, int], TurnSample] = {}
     times = RolloutTimes()

@@ -49,7 +49,8 @@ def load_task_pool(cfg: TasksConfig) -> list[Problem]:
     if cfg.ids:
         pool = select(pool, cfg.ids)
     if not pool:
-        raise TaskPoolError(f"no tasks selected (tasks.suite={cfg.suite}, levels={list(cfg.levels)}, split={cfg.split}, ids={list(cfg.ids)})")
+        raise TaskPoolError(f"no tasks selected (tasks.suite={cfg.suite}, levels={list(cfg.levels)}, split={cfg.split}, "
+                            f"ids={list(cfg.ids)})")
     return pool
 
 

@@ -1,6 +1,6 @@
 """Fast, cached builds of candidates' ``load_inline`` extensions (see builder.py)."""
 from __future__ import annotations
 
-from .builder import BuildError, BuildResult, Builder, import_extension
+from .builder import Builder, BuildError, BuildResult, import_extension
 
 __all__ = ["BuildError", "BuildResult", "Builder", "import_extension"]

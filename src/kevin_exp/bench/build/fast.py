@@ -17,7 +17,7 @@ from pathlib import Path
 from kevin_exp.bench.spec import ExtensionSpec
 
 from . import cache, glue, nvcc_pipe, proc
-from .flags import cuda_compile_flags, cuda_home, cuda_ldflags, nvcc_path, torch_flags, toolchain_id
+from .flags import cuda_compile_flags, cuda_home, cuda_ldflags, nvcc_path, toolchain_id, torch_flags
 from .lean import LeanHeaders, PchStore, static_digest
 
 # errors the lean headers cannot have caused; anything else triggers a rebuild with full headers

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from . import cache, proc
-from .flags import torch_flags, toolchain_id
+from .flags import toolchain_id, torch_flags
 
 STATIC_DIR = Path(__file__).parent / "lean_headers"
 LEAN_OPS = ("arange", "empty", "empty_like", "empty_strided", "full", "full_like", "ones", "ones_like",

@@ -1,4 +1,4 @@
-"""Static hack defences on a candidate, before anything is built (Kevin App. F; kevin-recipe.md 1.6, 2.6, 5).
+"""Static hack defences on a candidate, before anything is built (Kevin App. F; docs/hack_defences.md).
 
 Python is checked on its AST (``python_ast``, names allowed by ``python_names``); C++/CUDA sources after
 comments and string literals are stripped (``native``). Every rule has a switch in ``CheckRules``

@@ -38,7 +38,7 @@ def compare_outputs(ref: Any, out: Any, config: BenchConfig) -> Comparison:
         return worst
     if not isinstance(ref, torch.Tensor):
         return Comparison(out == ref, "" if out == ref else f"expected {ref!r}, got {out!r}")
-    # Exact type: a subclass could compute lazily inside the comparison (kevin-recipe.md 5.9).
+    # Exact type: a subclass could compute lazily inside the comparison (hack 9).
     if type(out) is not torch.Tensor:
         return Comparison(False, f"output must be a plain torch.Tensor, got {type(out).__module__}.{type(out).__name__}")
     if out.layout != torch.strided or out.is_meta or out.device != ref.device:
@@ -66,7 +66,12 @@ def compare_outputs(ref: Any, out: Any, config: BenchConfig) -> Comparison:
 
 def poison_allocator(like: Any, device: torch.device, copies: int = 3) -> None:
     """Leave NaN in freed allocator blocks of the output's size, so an unwritten output is caught."""
-    tensors = [like] if isinstance(like, torch.Tensor) else [t for t in like if isinstance(t, torch.Tensor)] if isinstance(like, (list, tuple)) else []
+    if isinstance(like, torch.Tensor):
+        tensors = [like]
+    elif isinstance(like, (list, tuple)):
+        tensors = [t for t in like if isinstance(t, torch.Tensor)]
+    else:
+        tensors = []
     held = []
     for t in tensors:
         fill = float("nan") if t.is_floating_point() else -1234567

@@ -2,7 +2,7 @@
 correctness trials, interleaved timing, correctness again; the result (or why the candidate was rejected)
 as a dict for the signed result channel.
 
-Order of one correctness trial (kevin-recipe.md 1.6, 2.3 and 5): fresh seeded inputs -> separate clones for
+Order of one correctness trial (docs/hack_defences.md): fresh seeded inputs -> separate clones for
 reference and candidate -> reference runs first and its output stays alive -> freed allocator memory is
 poisoned with NaN -> candidate runs under the torch-op block -> output type/shape/dtype/finite/allclose ->
 candidate's inputs must be unchanged. Every step may meet hostile code; any exception becomes a verdict.
@@ -63,7 +63,7 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
         phases[name] = round(now - clock[0], 4)
         clock[0] = now
 
-    # TF32 off: fp32 problems are compared against true fp32 (kevin-recipe.md 5.11).
+    # TF32 off: fp32 problems are compared against true fp32 (hack 11).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
@@ -111,12 +111,15 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
                     blocked = getattr(guard, "violations", None)
                     if blocked or isinstance(rej.__cause__, ForbiddenOpError):
                         op = blocked[0] if blocked else rej.__cause__.op
-                        raise Rejected("forbidden", f"forward called the PyTorch op {op}; compute must happen in your kernel", rule="runtime_torch_op") from None
+                        raise Rejected("forbidden", f"forward called the PyTorch op {op}; compute must happen in your kernel",
+                                       rule="runtime_torch_op") from None
                     raise
                 if getattr(guard, "violations", None):
-                    raise Rejected("forbidden", f"forward called the PyTorch op {guard.violations[0]}; compute must happen in your kernel", rule="runtime_torch_op")
+                    raise Rejected("forbidden", f"forward called the PyTorch op {guard.violations[0]}; compute must happen in "
+                                   "your kernel", rule="runtime_torch_op")
             if rules.runtime_require_kernel_call and calls.count == calls_before:
-                raise Rejected("forbidden", "forward never called a function of the extension built with load_inline", rule="kernel_not_called")
+                raise Rejected("forbidden", "forward never called a function of the extension built with load_inline",
+                               rule="kernel_not_called")
             cmp = compare_outputs(ref_out, out, config)
             if not cmp.ok:
                 raise Rejected("incorrect", f"trial {trial + 1}/{config.correctness_trials}: {cmp.reason}")
