@@ -27,7 +27,9 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 def job_command(entry: str, run_dir: Path, gamma: str) -> list[str]:
     launch = [str(Path(entry).resolve())] if entry.endswith(".py") else ["-m", entry]
-    return [sys.executable, *launch, "experiment=cpu_smoke", "resources=cpu", f"gamma={gamma}",
+    # rollout.backend=hf: the tiny model samples (cpu_smoke's own scripted answers would add compiles, and older
+    # checkouts, which this script also times, have no scripted backend)
+    return [sys.executable, *launch, "experiment=cpu_smoke", "rollout.backend=hf", "resources=cpu", f"gamma={gamma}",
             "logger.progress=none", f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
 
 
