@@ -57,6 +57,15 @@ class JsonlWriter:
         self._fh.close()
 
 
+def fsync_path(path: Path) -> None:
+    """Flushes a file's contents, or a folder's entries (a new file's name), to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []

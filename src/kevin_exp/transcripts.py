@@ -29,6 +29,7 @@ import zlib
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
 
+from kevin_exp.records import fsync_path
 from kevin_exp.rollout.prompts import feedback_text
 
 if TYPE_CHECKING:
@@ -208,7 +209,7 @@ class TranscriptWriter:
                 os.truncate(path, end)
         self._fh, self._step = open(path, "ab"), step
         if not existed:
-            _fsync_dir(self.folder)
+            fsync_path(self.folder)  # the new file's name, durable along with its contents
         return self._fh
 
     def __enter__(self) -> TranscriptWriter:
@@ -218,10 +219,3 @@ class TranscriptWriter:
         self.close()
 
 
-def _fsync_dir(folder: Path) -> None:
-    # makes a new file's name durable along with its contents
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

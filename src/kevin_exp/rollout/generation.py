@@ -62,6 +62,20 @@ def build_generator(cfg: RolloutConfig, policy: Policy, tasks: list[Problem], ke
     raise ValueError(f"rollout.backend={cfg.backend!r} has no generator")  # refused at composition already
 
 
+class SharesTheLearnersWeights:
+    """For generators that sample with the learner's own model in this process: there are no weights to push
+    and no memory of their own to release."""
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        pass
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+
 class _SampledDistribution(LogitsProcessor):
     """The last logits processor (after it, ``generate`` only draws from the scores): applies the sampling
     distribution and keeps this step's log-probabilities until the drawn token is known."""
@@ -91,7 +105,7 @@ class _DrawnTokenLogprobs(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
-class HFGenerator:
+class HFGenerator(SharesTheLearnersWeights):
     """Samples with ``model.generate`` in left-padded chunks of at most ``batch_size`` prompts. The policy's
     model is the learner's, so there are no weights to push and no memory to release."""
 
@@ -131,15 +145,6 @@ class HFGenerator:
             model.generation_config = defaults
             model.train(was_training)
         return out
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        pass
-
-    def sleep(self) -> None:
-        pass
-
-    def wake(self) -> None:
-        pass
 
     def _generation_config(self, max_new_tokens: int, greedy: bool) -> GenerationConfig:
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, num_beams=1,

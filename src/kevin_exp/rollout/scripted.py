@@ -9,17 +9,14 @@ log-probs (the tokens were not sampled), so ``logprob_diff`` is empty for it.
 from __future__ import annotations
 
 import re
-from typing import Iterable
 
-import torch
-
-from kevin_exp.rollout.generation import Generation
+from kevin_exp.rollout.generation import Generation, SharesTheLearnersWeights
 from kevin_exp.tasks import Problem
 
 CODE_FENCE = "`" * 3
 
 
-class ScriptedGenerator:
+class ScriptedGenerator(SharesTheLearnersWeights):
     """Answers each prompt from the script above; prompts come in (task, trajectory) order, ``n_trajectories``
     per task, as the rollout loop sends them."""
 
@@ -50,12 +47,3 @@ class ScriptedGenerator:
             resp = self.tokenizer.encode(text, add_special_tokens=False)
             out.append(Generation(list(ids), resp, text, truncated=False))
         return out
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        pass
-
-    def sleep(self) -> None:
-        pass
-
-    def wake(self) -> None:
-        pass

@@ -34,6 +34,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from kevin_exp.errors import UserError
+from kevin_exp.records import fsync_path
 
 POLICY_FILE = "policy.safetensors"
 TRAINER_FILE = "trainer.safetensors"
@@ -83,11 +84,11 @@ class Checkpointer:
                  "rng": rng_state}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
         for path in [*tmp.iterdir(), tmp]:
-            _fsync(path)
+            fsync_path(path)
         if final.exists():  # the same step saved again (a rerun of it): replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync(self.root)
+        fsync_path(self.root)
         pointer = self.root / "latest.tmp"
         pointer.write_text(name)
         os.replace(pointer, self.root / "latest")
@@ -173,14 +174,6 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
         return []
     found = ((_STEP_DIR.fullmatch(p.name), p) for p in root.iterdir() if p.is_dir())
     return sorted((int(m.group(1)), p) for m, p in found if m)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------- optimizer
