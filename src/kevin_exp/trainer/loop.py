@@ -87,7 +87,7 @@ class TrainingRun:
                               "or give the run another folder (run_dir=...)")
         self.parts = build_policy_parts(cfg)
         self.policy, self.env, self.generator = self.parts.policy, self.parts.env, self.parts.generator
-        self.pool = self.parts.pool
+        self.pool, self.device = self.parts.pool, self.parts.device
         self.learner = build_learner(cfg, self.policy.model, self.policy.tokenizer.pad_token_id, self.parts.device)
         self.start_step = 1
         if latest is not None:
