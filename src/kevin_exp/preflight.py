@@ -164,9 +164,11 @@ def preflight(config_name: str, argv: list[str]) -> list[TrainConfig]:
         except UserError as e:
             swept = [o for o in point if o not in args.overrides]
             raise type(e)(f"{e} (in the sweep point {' '.join(swept)})" if len(points) > 1 else str(e)) from None
-        checked.append(typed)
+        checked.append((point, typed))
     if checked and not args.cfg and launched_by_cluster(cfg):
-        from kevin_exp.launch_checks import check_cluster_reachable
+        from kevin_exp.launch_checks import check_cluster_reachable, check_points
 
+        # the GPUs each job gets are the launcher's: every point must fit them, and the cluster must answer
+        check_points([(p, t) for p, t in checked], cfg.hydra.launcher.get("gpus_per_node"))
         check_cluster_reachable(str(cfg.hydra.runtime.choices.get("cluster")), cfg.hydra.launcher.get("partition"))
-    return checked
+    return [t for _, t in checked]

@@ -21,8 +21,8 @@ def _launch(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) 
 
 
 def test_a_32b_sweep_on_too_few_gpus_stops_before_submission_with_the_numbers(tmp_path):
-    proc = _launch(tmp_path, "experiment=kevin_32b", "resources=gpu1", "gamma=0.4,1.0")
-    assert proc.returncode != 0
+    proc = _launch(tmp_path, "experiment=kevin_32b", "tasks=builtin", "resources=gpu1", "gamma=0.4,1.0")
+    assert proc.returncode == 2
     assert "nothing was submitted" in proc.stderr and proc.stderr.count("does not fit the requested GPUs") == 2
     assert "gamma=0.4" in proc.stderr and "GB per GPU" in proc.stderr and "fix:" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -62,8 +62,9 @@ def test_an_unknown_partition_is_named_with_the_ones_that_exist(tmp_path):
 
 def test_a_missing_model_path_stops_a_cluster_launch_and_a_local_run(tmp_path):
     proc = _launch(tmp_path, "model=7b", f"model.path={tmp_path}/no_such_model", "resources=h200x8")
-    assert proc.returncode != 0 and "nothing was submitted" in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"model.path='{tmp_path}/no_such_model' is not an existing folder" in proc.stderr
+    assert not (tmp_path / "sweep").exists()  # nothing submitted, no sweep folder
     local = subprocess.run([sys.executable, "-m", "kevin_exp.train", "model=7b", f"model.path={tmp_path}/no_such_model",
                             "resources.check=false", "trainer.device=cpu", f"hydra.run.dir={tmp_path}/run"],
                            cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -115,7 +115,8 @@ def _strip(rows: list[dict]) -> list[dict]:
 
 def test_a_preempted_job_checkpoints_is_requeued_and_resumes_with_every_row_once(tmp_path):
     straight = tmp_path / "straight"
-    subprocess.run(_train(*SYNTHETIC, f"hydra.run.dir={straight}"), cwd=REPO, check=True, capture_output=True,
+    # the job's resources (one core: its thread count, so its floating-point sums run in the same order)
+    subprocess.run(_train(*SYNTHETIC, "resources=cpu", f"hydra.run.dir={straight}"), cwd=REPO, check=True, capture_output=True,
                    timeout=600)
 
     sweep = tmp_path / "sweep"
