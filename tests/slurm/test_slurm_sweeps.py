@@ -45,10 +45,17 @@ def _slurm_job_ids(sweep_dir: Path) -> list[str]:
     return sorted(p.name for p in (sweep_dir / ".submitit").iterdir() if p.is_dir())
 
 
-def _sacct_states(job_id: str) -> list[str]:
-    out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State"], capture_output=True,
-                         text=True, check=True).stdout
-    return [line.split("|")[1] for line in out.splitlines() if line]
+def _sacct_states(job_id: str, settle_s: float = 60.0) -> list[str]:
+    """The jobs' states in SLURM's accounting, which records a job's end a little after the job has ended:
+    waits (bounded) for states that are still RUNNING or PENDING to settle."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State"], capture_output=True,
+                             text=True, check=True).stdout
+        states = [line.split("|")[1] for line in out.splitlines() if line]
+        if not {"RUNNING", "PENDING", "COMPLETING"} & set(states) or time.monotonic() > deadline:
+            return states
+        time.sleep(1)
 
 
 def _launch_reading_job_lines(cmd: list[str], timeout_s: float) -> tuple[int, str, bool]:
