@@ -1,0 +1,61 @@
+"""Where this process sits in a multi-process run: its rank, the world, and the process group.
+
+One process per GPU (or per CPU rank in tests). The launcher (torch's elastic launcher, ``torchrun``, or
+submitit on SLURM) sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT``; a plain single-process run sets none of them and is rank 0 of a world of 1, with no
+process group.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """The one process that writes what is written once (provenance, ledger, W&B run, tables)."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def node_rank(self) -> int:
+        return self.rank // max(1, self.local_world_size)
+
+
+def context_from_env(env: dict[str, str] | None = None) -> DistContext:
+    env = dict(os.environ) if env is None else env
+    world = int(env.get("WORLD_SIZE", "1"))
+    rank = int(env.get("RANK", "0"))
+    local_rank = int(env.get("LOCAL_RANK", str(rank)))
+    local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world}")
+    return DistContext(rank, world, local_rank, local_world)
+
+
+def init_process_group(ctx: DistContext, backend: str, timeout_s: float) -> None:
+    """Join the run's process group (a no-op in a world of 1). ``timeout_s`` bounds every collective: it
+    must outlast the longest phase one rank can spend alone (generation and kernel evaluation), not
+    NCCL's default."""
+    if not ctx.distributed or torch.distributed.is_initialized():
+        return
+    torch.distributed.init_process_group(backend=backend, rank=ctx.rank, world_size=ctx.world_size,
+                                         timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
