@@ -8,7 +8,7 @@ import re
 from typing import Callable
 
 from kevin_exp.bench.build import user_flags
-from kevin_exp.bench.checks.native_source import NativeSource, Token, defined_functions, tokenize
+from kevin_exp.bench.checks.native_source import NativeSource, defined_functions, is_word, tokenize
 from kevin_exp.bench.checks.rules import (
     KERNEL_RULE,
     SYNC_RULE,
@@ -160,8 +160,8 @@ def native_violations(spec: ExtensionSpec, backend: str, rules: CheckRules) -> l
             aliases[alias] = parts
     bare = _USING_NS.search(everything) is not None
     defined: set[str] | None = None
-    own_namespaces = {src.tokens[i + 1].text for _, src in parsed for i in range(len(src.tokens) - 2)
-                      if src.tokens[i].text == "namespace" and src.tokens[i + 2].text == "{"}
+    own_namespaces = {src.tokens[i + 1] for _, src in parsed for i in range(len(src.tokens) - 2)
+                      if src.tokens[i] == "namespace" and src.tokens[i + 2] == "{"}
     for (label, with_strings, code), (_, src) in zip(sources, parsed):
         def where(pos: int, label: str = label, code: str = code) -> tuple[str, str, int]:
             return label, code, pos
@@ -251,46 +251,48 @@ def _check_identifiers(src: NativeSource, aliases: dict[str, list[str]], own_nam
     n = len(toks)
     has_asm = False
     directives = _Directives(src.code)
-    for i, t in enumerate(toks):
-        if t.kind != "id":
-            if t.text == "::" and i and toks[i - 1].text == ")" and not _decltype_before(toks, i - 1):
-                add("unsafe_builtin", where(t.pos), ")::", "`(...)::` qualifies a name through a macro argument; "
+    chain_end = -1  # tokens up to here belong to a qualified name already judged
+    for i, word in enumerate(toks):
+        at = src.positions[i]
+        if not is_word(word):
+            if word == "::" and i and toks[i - 1] == ")" and not _decltype_before(toks, i - 1):
+                add("unsafe_builtin", where(at), ")::", "`(...)::` qualifies a name through a macro argument; "
                     "write namespaces out (`at::`, `std::`)")
             continue
-        prev = toks[i - 1].text if i else ""
-        nxt = toks[i + 1].text if i + 1 < n else ""
-        word = t.text
+        prev = toks[i - 1] if i else ""
+        nxt = toks[i + 1] if i + 1 < n else ""
         if word in _ASM:
             has_asm = True
         if _PY_IDENT.fullmatch(word) or word in _UNSAFE_IDENTS:
-            add("unsafe_builtin", where(t.pos), word, f"{word} reaches Python objects, dynamic loading, processes "
+            add("unsafe_builtin", where(at), word, f"{word} reaches Python objects, dynamic loading, processes "
                 "or memory tricks from native code; not allowed (bind functions with load_inline(functions=[...]))")
         elif word in _CONCURRENCY_IDENTS:
-            add("concurrency", where(t.pos), word, f"{word} creates threads or processes; {SYNC_RULE}")
-        elif word == "py" and (nxt == "::" or prev in ("namespace", "=") or directives.at(t.pos) == "define"):
-            add("unsafe_builtin", where(t.pos), "py::", "py:: (pybind11) manipulates Python objects from native "
+            add("concurrency", where(at), word, f"{word} creates threads or processes; {SYNC_RULE}")
+        elif word == "py" and (nxt == "::" or prev in ("namespace", "=") or directives.at(at) == "define"):
+            add("unsafe_builtin", where(at), "py::", "py:: (pybind11) manipulates Python objects from native "
                 "code; not allowed (bind functions with load_inline(functions=[...]))")
         if word == "namespace" and prev == "using" and nxt not in _NAMESPACES_OK and nxt not in own_namespaces \
                 and nxt != "::":
-            add("unsafe_builtin", where(t.pos), f"using namespace {nxt}", f"`using namespace {nxt}` is not allowed "
+            add("unsafe_builtin", where(at), f"using namespace {nxt}", f"`using namespace {nxt}` is not allowed "
                 f"(only {', '.join(sorted(_NAMESPACES_OK))} or the sources' own namespaces)")
-        if word == "namespace" and i + 3 < n and toks[i + 2].text == "=":
-            target = toks[i + 3].text if toks[i + 3].text != "::" else (toks[i + 4].text if i + 4 < n else "")
+        if word == "namespace" and i + 3 < n and toks[i + 2] == "=":
+            target = toks[i + 3] if toks[i + 3] != "::" else (toks[i + 4] if i + 4 < n else "")
             if target not in _NAMESPACES_OK and target not in own_namespaces:
-                add("unsafe_builtin", where(t.pos), f"namespace = {target}", f"namespace alias of {target} is not "
+                add("unsafe_builtin", where(at), f"namespace = {target}", f"namespace alias of {target} is not "
                     f"allowed (only {', '.join(sorted(_NAMESPACES_OK))})")
-        if word in aliases and prev not in (".", "->"):
+        if word in aliases and prev not in (".", "->") and i > chain_end:
             if nxt == "::":
                 parts, j = list(aliases[word]), i + 1
-                while j + 1 < n and toks[j].text == "::" and toks[j + 1].kind == "id":
-                    parts.append(toks[j + 1].text)
+                while j + 1 < n and toks[j] == "::" and is_word(toks[j + 1]):
+                    parts.append(toks[j + 1])
                     j += 2
+                chain_end = j - 1
                 found = _native_path(parts[0], parts[1:]) if len(parts) > 1 else None
                 if found:
-                    add(found[0], where(t.pos), "::".join(parts), found[1])
-            elif word in _ROOTS and prev != "::" and directives.at(t.pos) != "include" \
-                    and not _alias_form(toks, i, directives):
-                add("native_library_compute", where(t.pos), f"{word} (bare)", f"`{word}` is used other than as "
+                    add(found[0], where(at), "::".join(parts), found[1])
+            elif word in _ROOTS and prev != "::" and directives.at(at) != "include" \
+                    and not _alias_form(src, i, directives):
+                add("native_library_compute", where(at), f"{word} (bare)", f"`{word}` is used other than as "
                     f"`{word}::name` (a macro argument or alias can hide an ATen call); {KERNEL_RULE}")
     if has_asm:
         for s in src.strings:
@@ -300,20 +302,20 @@ def _check_identifiers(src: NativeSource, aliases: dict[str, list[str]], own_nam
                 break
 
 
-def _decltype_before(toks: list[Token], close: int) -> bool:
+def _decltype_before(toks: list[str], close: int) -> bool:
     depth = 0
     for j in range(close, max(close - 512, -1), -1):
-        depth += {")": 1, "(": -1}.get(toks[j].text, 0)
+        depth += {")": 1, "(": -1}.get(toks[j], 0)
         if depth == 0:
-            return j > 0 and toks[j - 1].text == "decltype"
+            return j > 0 and toks[j - 1] == "decltype"
     return False
 
 
-def _alias_form(toks: list[Token], i: int, directives: _Directives) -> bool:
+def _alias_form(src: NativeSource, i: int, directives: _Directives) -> bool:
     """`using namespace at;`, `namespace A = at;`, `#define NS at`: read as aliases elsewhere."""
-    before = [toks[j].text for j in range(max(i - 3, 0), i)]
+    before = src.tokens[max(i - 3, 0):i]
     return before[-2:] == ["using", "namespace"] or (len(before) == 3 and before[0] == "namespace" and before[2] == "=") \
-        or (len(before) >= 2 and before[-2] == "define" and directives.at(toks[i].pos) == "define")
+        or (len(before) >= 2 and before[-2] == "define" and directives.at(src.positions[i]) == "define")
 
 
 class _Directives:

@@ -10,27 +10,28 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-_TOKEN = re.compile(
-    r"(?P<lc>//[^\n]*)"
+# Literals and comments, with everything else consumed in large chunks of "code" (numbers with digit
+# separators and identifiers whole, possessively: no backtracking), so that a quote or slash is only read as
+# the start of a literal or comment where the compiler reads it so. An identifier directly followed by a
+# quote is matched on its own (``id``): it may be a literal's encoding prefix.
+_LEXEME = re.compile(
+    r"(?P<code>(?:\.?\d(?:[eEpP][+-]|'\w|[\w.])*+|[A-Za-z_]\w*+(?![\"'])|[^\"'/\w]|/(?![/*]))++)"
+    r"|(?P<lc>//[^\n]*)"
     r"|(?P<bc>/\*.*?(?:\*/|\Z))"
-    r'|(?P<raw>(?:u8|[uUL])?R"(?P<d>[^()\\\s"]{0,16})\(.*?(?:\)(?P=d)"|\Z))'
-    r'|(?P<str>(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"?)'
-    r"|(?P<chr>(?:u8|[uUL])?'(?:\\.|[^'\\\n])*'?)"
-    r"|(?P<num>\.?\d(?:[eEpP][+-]|'\w|[\w.])*)"
-    r"|(?P<id>\w+)"
-    r"|(?P<ws>\s+)"
-    r"|(?P<op>::|->|##|%:%:|%:|[^\w\s])",
+    r'|(?P<raw>(?<!\w)(?:u8|[uUL])?R"(?P<d>[^()\\\s"]{0,16})\(.*?(?:\)(?P=d)"|\Z))'
+    r'|(?P<str>(?:(?<!\w)(?:u8|[uUL]))?"(?:\\.|[^"\\\n])*+"?)'
+    r"|(?P<chr>(?:(?<!\w)(?:u8|[uUL]))?'(?:\\.|[^'\\\n])*+'?)"
+    r"|(?P<id>\w+)",
     re.S,
 )
+_TOKEN = re.compile(r"\w+|::|->|%:%:|%:|##|[^\w\s]")
 # ??= ??/ ??' ??( ??) ??! ??< ??> ??-: with -trigraphs (or -std=c++14) ??/ is a line splice, ??= a `#`
 TRIGRAPH = re.compile(r"\?\?[=/'()!<>\-]")
 
 
-@dataclass(frozen=True)
-class Token:
-    kind: str  # "id", "num", "op"
-    text: str
-    pos: int  # offset in ``NativeSource.code``
+def is_word(token: str) -> bool:
+    """An identifier, keyword or number (not punctuation)."""
+    return token[0].isalnum() or token[0] == "_"
 
 
 @dataclass
@@ -40,7 +41,8 @@ class NativeSource:
 
     code: str
     with_strings: str
-    tokens: list[Token]
+    tokens: list[str]  # significant tokens of ``code``
+    positions: list[int]  # each token's offset in ``code``
     strings: list[str]
     raw_strings: int = 0
     trigraphs: int = 0
@@ -57,21 +59,23 @@ def tokenize(text: str) -> NativeSource:
     text = splice(text)
     code: list[str] = []
     kept: list[str] = []
-    tokens: list[Token] = []
     strings: list[str] = []
     raw = 0
     hidden: list[tuple[str, int]] = []
     pos = 0
-    for m in _TOKEN.finditer(text):
+    for m in _LEXEME.finditer(text):
         kind = m.lastgroup
         s = m.group(0)
-        if kind in ("lc", "bc"):
+        if kind == "code" or kind == "id":
+            code.append(s)
+            kept.append(s)
+            pos += len(s)
+        elif kind in ("lc", "bc"):
             blank = " " + "\n" * s.count("\n")
             code.append(blank)
             kept.append(blank)
             pos += len(blank)
-            continue
-        if kind in ("raw", "str", "chr"):
+        else:
             if kind == "raw":
                 raw += 1
                 hidden.append(("raw string literal", pos))
@@ -80,25 +84,22 @@ def tokenize(text: str) -> NativeSource:
             code.append(empty)
             kept.append(s)
             pos += len(empty)
-            continue
-        if kind in ("id", "num", "op"):
-            tokens.append(Token(kind, s, pos))
-            if s in ("%:%:", "%:"):  # digraphs of ## and #
-                hidden.append((f"digraph {s}", pos))
-        code.append(s)
-        kept.append(s)
-        pos += len(s)
-    return NativeSource("".join(code), "".join(kept), tokens, strings, raw, trigraphs, hidden)
+    stripped = "".join(code)
+    tokens = _TOKEN.findall(stripped)
+    positions = [m.start() for m in _TOKEN.finditer(stripped)]
+    if "%:" in stripped:  # digraphs of ## and #
+        hidden += [(f"digraph {t}", p) for t, p in zip(tokens, positions) if t in ("%:%:", "%:")]
+    return NativeSource(stripped, "".join(kept), tokens, positions, strings, raw, trigraphs, hidden)
 
 
-def matching_parens(tokens: list[Token]) -> dict[int, int]:
+def matching_parens(tokens: list[str]) -> dict[int, int]:
     """Index of each ``(`` token -> index of its ``)`` (unbalanced ones are left out); one pass."""
     out: dict[int, int] = {}
     stack: list[int] = []
     for i, t in enumerate(tokens):
-        if t.text == "(":
+        if t == "(":
             stack.append(i)
-        elif t.text == ")" and stack:
+        elif t == ")" and stack:
             out[stack.pop()] = i
     return out
 
@@ -106,28 +107,28 @@ def matching_parens(tokens: list[Token]) -> dict[int, int]:
 _BODY_SKIP = frozenset(("const", "noexcept", "override", "final", "volatile", "&", "&&"))
 
 
-def defined_functions(tokens: list[Token]) -> set[str]:
+def defined_functions(tokens: list[str]) -> set[str]:
     """Names of functions defined (``name(params) [const] [noexcept] [-> type] {``) in one linear pass: the
     tokens between the parentheses contain no ``;``, ``{`` or ``}``, and at most 64 tokens of qualifiers and
     trailing return type separate ``)`` from ``{``."""
     parens = matching_parens(tokens)
     stops = [0]
     for t in tokens:
-        stops.append(stops[-1] + (t.text in (";", "{", "}")))
+        stops.append(stops[-1] + (t in (";", "{", "}")))
     out: set[str] = set()
     for i in range(len(tokens) - 1):
-        if tokens[i].kind != "id" or tokens[i + 1].text != "(":
+        if tokens[i + 1] != "(" or not is_word(tokens[i]):
             continue
         close = parens.get(i + 1)
         if close is None or stops[close] != stops[i + 2]:
             continue
         j = close + 1
-        if j < len(tokens) and tokens[j].text == "->":
+        if j < len(tokens) and tokens[j] == "->":
             j += 1
-            while j < len(tokens) and j - close <= 64 and tokens[j].text not in ("{", ";", "}"):
+            while j < len(tokens) and j - close <= 64 and tokens[j] not in ("{", ";", "}"):
                 j += 1
-        while j < len(tokens) and tokens[j].text in _BODY_SKIP:
+        while j < len(tokens) and tokens[j] in _BODY_SKIP:
             j += 1
-        if j < len(tokens) and tokens[j].text == "{":
-            out.add(tokens[i].text)
+        if j < len(tokens) and tokens[j] == "{":
+            out.add(tokens[i])
     return out
