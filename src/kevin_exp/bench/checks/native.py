@@ -268,7 +268,8 @@ def _check_identifiers(src: NativeSource, aliases: dict[str, list[str]], own_nam
                 "or memory tricks from native code; not allowed (bind functions with load_inline(functions=[...]))")
         elif word in _CONCURRENCY_IDENTS:
             add("concurrency", where(at), word, f"{word} creates threads or processes; {SYNC_RULE}")
-        elif word == "py" and (nxt == "::" or prev in ("namespace", "=") or directives.at(at) == "define"):
+        elif word == "py" and (nxt == "::" or prev == "namespace" or (prev == "=" and i >= 3 and toks[i - 3] == "namespace")
+                               or directives.at(at) == "define"):
             add("unsafe_builtin", where(at), "py::", "py:: (pybind11) manipulates Python objects from native "
                 "code; not allowed (bind functions with load_inline(functions=[...]))")
         if word == "namespace" and prev == "using" and nxt not in _NAMESPACES_OK and nxt not in own_namespaces \
