@@ -96,8 +96,8 @@ def _native_path(root: str, parts: list[str]) -> tuple[str, str] | None:
 # Identifiers that are refused wherever they appear (also in a #define body, so a macro cannot rename them:
 # without ## no new identifier can be made). Python objects from C++ (pybind11, the CPython API, torch's
 # Python bindings), dynamic loading, processes and memory tricks: rule unsafe_builtin.
-_PY_IDENT = re.compile(r"Py[A-Z_]\w*|_Py\w*|\w*PyObject\w*|\w*PyInterpreter\w*|THP\w*|pybind11|PYBIND11_\w*|"
-                       r"PYTHON_\w+")
+_PY_IDENT = re.compile(r"(?:Py[A-Z_]|_Py|THP|PYBIND11_|PYTHON_)\w*+|pybind11\b")
+_PY_INFIX = ("PyObject", "PyInterpreter")  # SafePyObject, c10::impl::PyInterpreter, ...
 _UNSAFE_IDENTS = words("""module_ reinterpret_borrow reinterpret_steal gil_scoped_acquire gil_scoped_release
     eval_file dlopen dlmopen dlsym dlvsym system popen execl execlp execle execv execvp execvpe execve fexecve
     syscall ptrace mprotect process_vm_writev process_vm_readv""")
@@ -263,7 +263,7 @@ def _check_identifiers(src: NativeSource, aliases: dict[str, list[str]], own_nam
         nxt = toks[i + 1] if i + 1 < n else ""
         if word in _ASM:
             has_asm = True
-        if _PY_IDENT.fullmatch(word) or word in _UNSAFE_IDENTS:
+        if _PY_IDENT.fullmatch(word) or word in _UNSAFE_IDENTS or any(p in word for p in _PY_INFIX):
             add("unsafe_builtin", where(at), word, f"{word} reaches Python objects, dynamic loading, processes "
                 "or memory tricks from native code; not allowed (bind functions with load_inline(functions=[...]))")
         elif word in _CONCURRENCY_IDENTS:
