@@ -101,6 +101,8 @@ ATTACKS = {
     "folded dunder string": "name = '__glo' + 'bals__'\n",
     "dunder string": "name = '__globals__'\n",
     "type 3 args": "A = type('A', (), {})\n",
+    "getattr renamed": "g = getattr\ny = g(torch, 'nn')\n",
+    "getattr passed": "y = list(map(getattr, [torch], ['sys']))\n",
     "__class__ assignment": "class B:\n    x = 1\nb = B()\nb.__class__ = ModelNew\n",
     "__dict__ write": "ModelNew.__dict__['forward'] = None\n",
     "exec": "exec('1')\n",

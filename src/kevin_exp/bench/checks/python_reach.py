@@ -29,6 +29,7 @@ PRIVATE_RECEIVERS = words("self cls ctx")
 _DUNDER = re.compile(r"__\w+__")
 _DUNDER_STRINGS_OK = words("__main__ __init__ __name__ __doc__ __file__")
 _FOLD_BUDGET = 1 << 20
+_REFLECTION = frozenset(("getattr", "setattr", "delattr", "hasattr", "type"))
 
 
 def is_dunder(name: str) -> bool:
@@ -51,6 +52,8 @@ class InterpreterReach:
             self._check_module_value(node)
         if isinstance(node, ast.Call):
             self._check_reflection_call(node)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            self._check_reflection_value(node)
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and is_dunder(node.value.strip()) \
                 and node.value.strip() not in _DUNDER_STRINGS_OK:
             self.add("unsafe_builtin", node, f"the string {node.value!r} names a special attribute; "  # type: ignore[attr-defined]
@@ -86,6 +89,14 @@ class InterpreterReach:
             return  # an alias, followed by the rules
         self.add("unsafe_builtin", node, f"the module {q} is used as a value; modules may only be used as "  # type: ignore[attr-defined]
                  f"`{q.split('.')[-1]}.name` (a module passed around escapes these checks)")
+
+    def _check_reflection_value(self, node: ast.Name) -> None:
+        """`g = getattr; g(x, name)` would escape the call checks below."""
+        parent = self.parents.get(node)  # type: ignore[attr-defined]
+        if node.id in _REFLECTION and not (isinstance(parent, ast.Call) and parent.func is node) \
+                and self._is_builtin_ref(node):  # type: ignore[attr-defined]
+            self.add("unsafe_builtin", node, f"the builtin {node.id} may only be called directly, not passed "  # type: ignore[attr-defined]
+                     "around or renamed")
 
     def _check_reflection_call(self, node: ast.Call) -> None:
         f = node.func
