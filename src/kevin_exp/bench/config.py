@@ -46,7 +46,7 @@ class CheckRules:
     static_check_deadline_s: float = number(10.0, ge=0)
     # candidate source (UTF-8 bytes), AST nodes and AST nesting depth
     max_check_source_bytes: int = number(512 * 1024, ge=0)
-    max_ast_nodes: int = number(200_000, ge=0)
+    max_ast_nodes: int = number(50_000, ge=0)
     max_ast_depth: int = number(120, ge=0)
     # extension text (all sources and flags of one load_inline call, as folded) and its number of sources
     max_extension_bytes: int = number(256 * 1024, ge=0)

@@ -32,6 +32,7 @@ _DEF_DUNDER_OK = words("__init__ __repr__ __str__")
 _ARITH = (ast.Add, ast.Sub, ast.Mult, ast.MatMult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.LShift,
           ast.RShift, ast.BitAnd, ast.BitOr, ast.BitXor)
 _PATCH_RULE = "timing, synchronisation and torch functions must not be modified"
+_MAX_REPORTED = 50  # violations per candidate (the verdict shows the first five)
 
 
 class PythonChecker(CandidateModule, InterpreterReach):
@@ -46,7 +47,7 @@ class PythonChecker(CandidateModule, InterpreterReach):
         self._reach_init()
 
     def add(self, rule: str, node: ast.AST | None, text: str) -> None:
-        if rule_enabled(rule, self.rules):
+        if rule_enabled(rule, self.rules) and len(self.out) < _MAX_REPORTED:
             line = getattr(node, "lineno", None)
             msg = f"line {line}: {text}" if line else text
             self.out.setdefault((rule, line, msg), Violation(rule, msg, line))

@@ -27,7 +27,9 @@ MODULES = ALLOWED_IMPORTS | words("""torch.autograd torch.nn.parameter torch.nn.
     torch.ops torch.library torch.fx torch.utils.data torch.cuda.amp torch.amp torch.testing""")
 PRIVATE_RECEIVERS = words("self cls ctx")
 _DUNDER = re.compile(r"__\w+__")
-_DUNDER_STRINGS_OK = words("__main__ __init__ __name__ __doc__ __file__")
+# (CUDA qualifiers are no Python attributes: a candidate may build its kernel source from them)
+_DUNDER_STRINGS_OK = words("""__main__ __init__ __name__ __doc__ __file__ __global__ __device__ __host__ __shared__
+    __constant__ __restrict__ __forceinline__ __noinline__ __launch_bounds__ __managed__""")
 _FOLD_BUDGET = 1 << 20
 _REFLECTION = frozenset(("getattr", "setattr", "delattr", "hasattr", "type"))
 
