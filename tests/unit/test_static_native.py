@@ -70,6 +70,11 @@ ATTACKS = [
     ("thread header", "#include <thread>", "", "concurrency"),
     ("inline asm syscall", "", 'asm volatile("syscall");', "unsafe_builtin"),
     ("syscall()", "", "syscall(39);", "unsafe_builtin"),
+    ("asm label", 'extern "C" int run(const char*) asm("sys" "tem");', "", "unsafe_builtin"),
+    ("asm label, one string", 'extern "C" int run(const char*) __asm__("getpid");', "", "unsafe_builtin"),
+    ("weakref attribute", 'static int run(const char*) __attribute__((weakref("getpid")));', "", "unsafe_builtin"),
+    ("using namespace in a define", "#define U using namespace\nU py;", "", "unsafe_builtin"),
+    ("unqualified exec", "", 'exec("import os");', "unsafe_builtin"),
     ("TORCH_LIBRARY", 'TORCH_LIBRARY(myops, m) { m.def("f(Tensor x) -> Tensor"); }', "", "native_library_compute"),
     ("TORCH_LIBRARY_IMPL", "TORCH_LIBRARY_IMPL(aten, CPU, m) { }", "", "native_library_compute"),
     ("TORCH_LIBRARY_FRAGMENT", "TORCH_LIBRARY_FRAGMENT(aten, m) { }", "", "native_library_compute"),
@@ -141,6 +146,7 @@ __global__ void k(float* y) {
     y[threadIdx.x] = lane;
 }
 torch::Tensor f(torch::Tensor x) {
+    TORCH_CHECK(x.is_cuda(), "input");
     auto y = torch::empty_like(x);
     k<<<1, 32>>>(y.data_ptr<float>());
     return y;

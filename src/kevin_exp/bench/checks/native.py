@@ -99,11 +99,16 @@ def _native_path(root: str, parts: list[str]) -> tuple[str, str] | None:
 _PY_IDENT = re.compile(r"(?:Py[A-Z_]|_Py|THP|PYBIND11_|PYTHON_)\w*+|pybind11\b")
 _PY_INFIX = ("PyObject", "PyInterpreter")  # SafePyObject, c10::impl::PyInterpreter, ...
 _UNSAFE_IDENTS = words("""module_ reinterpret_borrow reinterpret_steal gil_scoped_acquire gil_scoped_release
-    eval_file dlopen dlmopen dlsym dlvsym system popen execl execlp execle execv execvp execvpe execve fexecve
+    eval_file exec eval globals dlopen dlmopen dlsym dlvsym system popen execl execlp execle execv execvp execvpe execve fexecve
     syscall ptrace mprotect process_vm_writev process_vm_readv""")
 _CONCURRENCY_IDENTS = words("fork vfork pthread_create thrd_create posix_spawn posix_spawnp clone3")
 _ASM = words("asm __asm__ __asm")
 _ASM_TRAP = re.compile(r"(?i)\b(?:syscall|sysenter|svc)\b|\bint\s*\$?0x80\b")
+# `int f(const char*) asm("system");` binds a declaration to any symbol: an asm template that is only a name
+_ASM_LABEL = re.compile(r"\s*[A-Za-z_.$][\w.$@]*+\s*")
+_ASM_QUALIFIERS = words("volatile __volatile__ goto inline")
+# `__attribute__((weakref("system")))` and friends do the same
+_SYMBOL_ATTRS = words("weakref __weakref__ alias __alias__ ifunc __ifunc__ symver __symver__")
 # namespaces a `using namespace` / `namespace A = B` may name (besides the sources' own namespaces)
 _NAMESPACES_OK = words("std at torch c10 cooperative_groups cg nvcuda wmma cuda cub")
 _INCLUDE_DENY = re.compile(
@@ -249,7 +254,6 @@ def _check_identifiers(src: NativeSource, aliases: dict[str, list[str]], own_nam
     aliases and `using namespace`, `py::`, and namespace roots used other than as `root::`."""
     toks = src.tokens
     n = len(toks)
-    has_asm = False
     directives = _Directives(src.code)
     chain_end = -1  # tokens up to here belong to a qualified name already judged
     for i, word in enumerate(toks):
@@ -262,7 +266,13 @@ def _check_identifiers(src: NativeSource, aliases: dict[str, list[str]], own_nam
         prev = toks[i - 1] if i else ""
         nxt = toks[i + 1] if i + 1 < n else ""
         if word in _ASM:
-            has_asm = True
+            _check_asm(src, i, where, add)
+        if word in ("using", "namespace") and directives.at(at) == "define":
+            add("unsafe_builtin", where(at), "define " + word, f"`{word}` inside a #define is not allowed (it hides "
+                "which namespace is brought in)")
+        if word in _SYMBOL_ATTRS and (prev == "(" or prev == "::"):
+            add("unsafe_builtin", where(at), word, f"the {word} attribute binds a declaration to another symbol; "
+                "not allowed")
         if _PY_IDENT.fullmatch(word) or word in _UNSAFE_IDENTS or any(p in word for p in _PY_INFIX):
             add("unsafe_builtin", where(at), word, f"{word} reaches Python objects, dynamic loading, processes "
                 "or memory tricks from native code; not allowed (bind functions with load_inline(functions=[...]))")
@@ -295,12 +305,31 @@ def _check_identifiers(src: NativeSource, aliases: dict[str, list[str]], own_nam
                     and not _alias_form(src, i, directives):
                 add("native_library_compute", where(at), f"{word} (bare)", f"`{word}` is used other than as "
                     f"`{word}::name` (a macro argument or alias can hide an ATen call); {KERNEL_RULE}")
-    if has_asm:
-        for s in src.strings:
-            if _ASM_TRAP.search(s):
-                add("unsafe_builtin", where(0), "asm syscall", "inline assembly that makes system calls is not "
-                    "allowed")
-                break
+
+
+def _check_asm(src: NativeSource, i: int, where: Callable[[int], tuple[str, str, int]],
+               add: Callable[..., None]) -> None:
+    """The template of the asm statement or label starting at token ``i``: no system calls, no bare symbol
+    names (asm labels)."""
+    toks, n = src.tokens, len(src.tokens)
+    j = i + 1
+    while j < n and toks[j] in _ASM_QUALIFIERS:
+        j += 1
+    if j >= n or toks[j] != "(":
+        return
+    j += 1
+    template = []
+    while j + 1 < n and toks[j] == '"' and src.positions[j] in src.string_at:
+        literal = src.string_at[src.positions[j]]
+        template.append(literal[literal.index('"') + 1:].rstrip('"'))
+        j += 2
+    text = "".join(template)
+    if _ASM_TRAP.search(text):
+        add("unsafe_builtin", where(src.positions[i]), "asm syscall", "inline assembly that makes system calls "
+            "is not allowed")
+    elif template and _ASM_LABEL.fullmatch(text) and j < n and toks[j] == ")":
+        add("unsafe_builtin", where(src.positions[i]), "asm label", f"asm(\"{text.strip()}\") names a symbol (an "
+            "asm label binds a declaration to any function); not allowed")
 
 
 def _decltype_before(toks: list[str], close: int) -> bool:

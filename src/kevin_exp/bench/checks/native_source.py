@@ -44,6 +44,7 @@ class NativeSource:
     tokens: list[str]  # significant tokens of ``code``
     positions: list[int]  # each token's offset in ``code``
     strings: list[str]
+    string_at: dict[int, str]  # offset of an emptied literal in ``code`` -> the literal
     raw_strings: int = 0
     trigraphs: int = 0
     hidden: list[tuple[str, int]] = field(default_factory=list)  # (construct, position in code)
@@ -60,6 +61,7 @@ def tokenize(text: str) -> NativeSource:
     code: list[str] = []
     kept: list[str] = []
     strings: list[str] = []
+    string_at: dict[int, str] = {}
     raw = 0
     hidden: list[tuple[str, int]] = []
     pos = 0
@@ -80,6 +82,7 @@ def tokenize(text: str) -> NativeSource:
                 raw += 1
                 hidden.append(("raw string literal", pos))
             strings.append(s)
+            string_at[pos] = s
             empty = '""' + "\n" * s.count("\n")
             code.append(empty)
             kept.append(s)
@@ -89,7 +92,7 @@ def tokenize(text: str) -> NativeSource:
     positions = [m.start() for m in _TOKEN.finditer(stripped)]
     if "%:" in stripped:  # digraphs of ## and #
         hidden += [(f"digraph {t}", p) for t, p in zip(tokens, positions) if t in ("%:%:", "%:")]
-    return NativeSource(stripped, "".join(kept), tokens, positions, strings, raw, trigraphs, hidden)
+    return NativeSource(stripped, "".join(kept), tokens, positions, strings, string_at, raw, trigraphs, hidden)
 
 
 def matching_parens(tokens: list[str]) -> dict[int, int]:
