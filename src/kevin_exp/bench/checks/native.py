@@ -105,7 +105,7 @@ _CONCURRENCY_IDENTS = words("fork vfork pthread_create thrd_create posix_spawn p
 _ASM = words("asm __asm__ __asm")
 _ASM_TRAP = re.compile(r"(?i)\b(?:syscall|sysenter|svc)\b|\bint\s*\$?0x80\b")
 # `int f(const char*) asm("system");` binds a declaration to any symbol: an asm template that is only a name
-_ASM_LABEL = re.compile(r"\s*[A-Za-z_.$][\w.$@]*+\s*")
+_ASM_LABEL = re.compile(r"[A-Za-z_.$][\w.$@]*+")
 _ASM_QUALIFIERS = words("volatile __volatile__ goto inline")
 # `__attribute__((weakref("system")))` and friends do the same
 _SYMBOL_ATTRS = words("weakref __weakref__ alias __alias__ ifunc __ifunc__ symver __symver__")
@@ -327,7 +327,7 @@ def _check_asm(src: NativeSource, i: int, where: Callable[[int], tuple[str, str,
     if _ASM_TRAP.search(text):
         add("unsafe_builtin", where(src.positions[i]), "asm syscall", "inline assembly that makes system calls "
             "is not allowed")
-    elif template and _ASM_LABEL.fullmatch(text) and j < n and toks[j] == ")":
+    elif template and _ASM_LABEL.fullmatch(text.strip()) and j < n and toks[j] == ")":
         add("unsafe_builtin", where(src.positions[i]), "asm label", f"asm(\"{text.strip()}\") names a symbol (an "
             "asm label binds a declaration to any function); not allowed")
 
