@@ -12,6 +12,7 @@ whose process died into a ``check_deadline`` violation.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import select
@@ -90,6 +91,15 @@ class _Checker:
 
 _idle: list[_Checker] = []
 _lock = threading.Lock()
+
+
+@atexit.register
+def _close_idle() -> None:
+    """Idle checkers end on their own when their stdin closes; this reaps them."""
+    with _lock:
+        checkers, _idle[:] = list(_idle), []
+    for checker in checkers:
+        checker.kill()
 
 
 def _take() -> _Checker:
