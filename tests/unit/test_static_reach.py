@@ -85,6 +85,7 @@ ATTACKS = {
     "default argument": "def f(m=torch):\n    return m\n",
     "decorator": "def deco(f):\n    return f\n@deco\ndef g():\n    return torch\n",
     "class body": "class A:\n    m = torch\ny = A.m.sys\n",
+    "class attribute module": "class A:\n    m = torch\ny = A.m.utils.cpp_extension.load\n",
     "comprehension": "y = [m for m in [torch]]\n",
     "lambda closure": "g = lambda: torch\n",
     "call argument": "y = id(torch)\n",

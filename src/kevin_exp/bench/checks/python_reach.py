@@ -87,8 +87,8 @@ class InterpreterReach:
                 and parent.args and parent.args[0] is node:
             return  # getattr(torch, "name"): resolved like torch.name
         if isinstance(parent, ast.Assign) and parent.value is node and len(parent.targets) == 1 \
-                and isinstance(parent.targets[0], ast.Name):
-            return  # an alias, followed by the rules
+                and isinstance(parent.targets[0], ast.Name) and not isinstance(self.parents.get(parent), ast.ClassDef):
+            return  # an alias, followed by the rules (a class attribute would be reached as `A.m`, unresolved)
         self.add("unsafe_builtin", node, f"the module {q} is used as a value; modules may only be used as "  # type: ignore[attr-defined]
                  f"`{q.split('.')[-1]}.name` (a module passed around escapes these checks)")
 
