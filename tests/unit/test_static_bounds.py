@@ -18,6 +18,7 @@ from kevin_exp.bench.spec import ExtensionSpec
 
 RULES = CheckRules()
 ROOT = Path(__file__).resolve().parents[2]
+CANDIDATE = (ROOT / "tests/fixtures/cpu/ok.py").read_text()
 
 # --------------------------------------------------------------------------- honest code still passes
 
@@ -93,14 +94,35 @@ def test_the_native_rules_are_linear_end_to_end() -> None:
         assert elapsed < 0.9, f"check_native took {elapsed:.2f}s on {seed!r} * {SIZE // len(seed)}"
 
 
+PYTHON_PATHOLOGICAL = {
+    "long attribute chain": "y = " + "a." * 20_000 + "b\n",
+    "long operator chain": "y = " + " + ".join(["'a'"] * 20_000) + "\n",
+    "underscore string": "y = '" + "_" * 400_000 + "'\n",
+    "dunder-like concatenation": "y = " + " + ".join(["'__'"] * 5_000) + "\n",
+    "long f-string": "y = f'" + "{1}" * 6_000 + "'\n",  # (CPython parses long f-strings slowly)
+    "many statements": "def f():\n" + "    x = 1\n" * 15_000,
+    "many violations": "y = (" + ", ".join(["torch.matmul", "torch.sys", "[torch][0]"] * 3_000) + ")\n",
+    "unterminated string": "y = '" + "a" * 300_000,
+}
+
+
+@pytest.mark.parametrize("name", list(PYTHON_PATHOLOGICAL))
+def test_the_python_rules_finish_quickly_on_pathological_input(name: str) -> None:
+    rules = dataclasses.replace(RULES, static_check_deadline_s=0)  # in this process: time the rules themselves
+    start = time.perf_counter()
+    try:
+        check_candidate(CANDIDATE + PYTHON_PATHOLOGICAL[name], "cpu", rules)
+    except (SyntaxError, RecursionError, MemoryError):
+        pass  # the evaluator reports these as format errors
+    elapsed = time.perf_counter() - start
+    assert elapsed < 2.0, f"{name}: {elapsed:.2f}s"
+
+
 # --------------------------------------------------------------------------- input bounds: too_large
 
 def _only(violations, rule: str) -> str:
     assert [v.rule for v in violations] == [rule], violations
     return violations[0].message
-
-
-CANDIDATE = (ROOT / "tests/fixtures/cpu/ok.py").read_text()
 
 
 def test_source_over_the_bound_is_too_large() -> None:
