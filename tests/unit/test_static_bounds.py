@@ -99,9 +99,9 @@ PYTHON_PATHOLOGICAL = {
     "long operator chain": "y = " + " + ".join(["'a'"] * 20_000) + "\n",
     "underscore string": "y = '" + "_" * 400_000 + "'\n",
     "dunder-like concatenation": "y = " + " + ".join(["'__'"] * 5_000) + "\n",
-    "long f-string": "y = f'" + "{1}" * 6_000 + "'\n",  # (CPython parses long f-strings slowly)
-    "many statements": "def f():\n" + "    x = 1\n" * 15_000,
-    "many violations": "y = (" + ", ".join(["torch.matmul", "torch.sys", "[torch][0]"] * 3_000) + ")\n",
+    "long f-string": "y = f'" + "{1}" * 3_000 + "'\n",  # (CPython parses long f-strings slowly)
+    "many statements": "def f():\n" + "    x = 1\n" * 8_000,
+    "many violations": "y = (" + ", ".join(["torch.matmul", "torch.sys", "[torch][0]"] * 1_000) + ")\n",
     "unterminated string": "y = '" + "a" * 300_000,
 }
 
