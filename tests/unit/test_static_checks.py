@@ -264,7 +264,7 @@ CASES: list[tuple[str, str, str, str]] = [
     ("torch_compute", "no_torch_compute", with_forward("out = ext.relu_forward(x)\nreturn out * 2\n"), "cpu"),
     ("torch_compute", "no_torch_compute", with_forward("out = ext.relu_forward(x)\nout += x\nreturn out\n"), "cpu"),
     ("torch_compute", "no_torch_compute", with_forward("return abs(ext.relu_forward(x))\n"), "cpu"),
-    ("torch_compute", "no_torch_compute", with_forward("return ext.relu_forward(torch.ops.aten.mm(x, x))\n"), "cpu"),
+    ("unsafe_builtin", "restrict_imports", with_forward("return ext.relu_forward(torch.ops.aten.mm(x, x))\n"), "cpu"),
     ("torch_compute", "no_torch_compute", with_forward("return ext.relu_forward(getattr(torch, 'matmul')(x, x))\n"), "cpu"),
     ("torch_compute", "no_torch_compute", with_forward("mm = torch.mm\nreturn ext.relu_forward(mm(x, x))\n"), "cpu"),
     ("torch_compute", "no_torch_compute", CPU_RELU.replace("import torch\n", "import torch\nfrom torch import matmul\n"), "cpu"),

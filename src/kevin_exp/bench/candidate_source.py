@@ -36,6 +36,7 @@ class LoadInlineCall:
     node: ast.Call
     line: int
     spec: ExtensionSpec | None
+    too_large: bool = False  # its arguments fold to more text than the checks read
 
 
 # --------------------------------------------------------------------------- module environment
@@ -158,7 +159,8 @@ def _is_join_or_len(call: ast.Call) -> bool:
 # --------------------------------------------------------------------------- call sites
 
 
-def bind_call(call: ast.Call, lookup: Callable[[str], Any], budget: Budget | None = None) -> dict[str, Any] | None:
+def bind_call(call: ast.Call, lookup: Callable[[str], Any], budget: Budget | None = None,
+              max_bytes: int = 2 * MAX_LEN) -> dict[str, Any] | None:
     """Folded spec-relevant arguments of one load_inline call, or None if they do not fold."""
     budget = budget or Budget()
     given: dict[str, ast.AST | Any] = {}
@@ -198,7 +200,10 @@ def bind_call(call: ast.Call, lookup: Callable[[str], Any], budget: Budget | Non
     # the spec's text is what the native checks scan: it is charged to the same budget
     text = sum(len(v) if isinstance(v, str) else sum(map(len, v))
                for v in out.values() if isinstance(v, (str, list, tuple)))
-    return out if budget.spend(text) and text <= 2 * MAX_LEN else None
+    if max_bytes > 0 and text > max_bytes:
+        budget.exceeded = True
+        return None
+    return out if budget.spend(text) else None
 
 
 def _valid(key: str, value: Any) -> bool:
@@ -214,8 +219,9 @@ def _valid(key: str, value: Any) -> bool:
         isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value))
 
 
-def extract_calls(tree: ast.Module) -> list[LoadInlineCall]:
-    """Every load_inline call site in source order, with its spec where it folds."""
+def extract_calls(tree: ast.Module, max_bytes: int = 2 * MAX_LEN) -> list[LoadInlineCall]:
+    """Every load_inline call site in source order, with its spec where it folds (``max_bytes``: the most
+    text one call's arguments may fold to; 0: no bound beyond the folding budget)."""
     trusted = load_inline_names(tree, import_aliases(tree))
     calls = [n for n in ast.walk(tree) if is_load_inline(n, trusted)]
     if not calls:
@@ -223,9 +229,10 @@ def extract_calls(tree: ast.Module) -> list[LoadInlineCall]:
     env = _ModuleEnv(tree, set(calls))
     found: list[LoadInlineCall] = []
     nested = [c for c in calls if env.in_nested_scope(c)]
+    nested_ids = {id(c) for c in nested}
     by_stmt: dict[int, list[ast.Call]] = {}
     for c in calls:
-        if not any(c is n for n in nested):
+        if id(c) not in nested_ids:
             top: ast.AST = c
             while not isinstance(env.parents.get(top), ast.Module):
                 top = env.parents[top]
@@ -237,17 +244,18 @@ def extract_calls(tree: ast.Module) -> list[LoadInlineCall]:
             for name in {n for node in walk_scope(stmt) for n in bound_names(node)}:
                 env.env[name] = UNKNOWN
         for call in inner:
-            found.append(_call_site(call, env.sequential_lookup, env.budget))
+            found.append(_call_site(call, env.sequential_lookup, env.budget, max_bytes))
         env.bind_statement(stmt)
     # functions and class bodies may run at any time: fold against names bound exactly once
-    found.extend(_call_site(call, env.nested_lookup(call), env.budget) for call in nested)
+    found.extend(_call_site(call, env.nested_lookup(call), env.budget, max_bytes) for call in nested)
     return sorted(found, key=lambda c: (c.node.lineno, c.node.col_offset))
 
 
-def _call_site(call: ast.Call, lookup: Callable[[str], Any], budget: Budget) -> LoadInlineCall:
-    kwargs = bind_call(call, lookup, budget)
+def _call_site(call: ast.Call, lookup: Callable[[str], Any], budget: Budget, max_bytes: int) -> LoadInlineCall:
+    kwargs = bind_call(call, lookup, budget, max_bytes)
     spec = ExtensionSpec.from_load_inline_kwargs(kwargs) if kwargs is not None else None
-    return LoadInlineCall(call, call.lineno, spec)
+    # a call that did not fold once folding refused a value for its size: the text it would scan is too large
+    return LoadInlineCall(call, call.lineno, spec, too_large=spec is None and budget.exceeded)
 
 
 def candidate_source(calls: list[LoadInlineCall]) -> CandidateSource:

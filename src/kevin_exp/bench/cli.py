@@ -18,7 +18,7 @@ from pathlib import Path
 from kevin_exp.bench.config import BenchConfig, CheckRules
 from kevin_exp.errors import UserError, exits_on_user_error
 
-RULE_SWITCHES = [f.name for f in dataclasses.fields(CheckRules)]
+RULE_SWITCHES = [f.name for f in dataclasses.fields(CheckRules) if f.type in (bool, "bool")]
 
 
 class UsageError(UserError):

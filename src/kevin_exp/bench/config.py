@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kevin_exp.settings_checks import number
+
 
 @dataclass(frozen=True)
 class CheckRules:
@@ -37,6 +39,18 @@ class CheckRules:
     runtime_block_torch_ops: bool = True
     # runtime: the extension built by the candidate must actually be called by forward (decoy kernels)
     runtime_require_kernel_call: bool = True
+    # Bounds on the static checking itself (docs/static-rules.md); past one the verdict is `forbidden` with
+    # rule `check_deadline` / `too_large`. 0 turns a bound off (ablations only: a candidate can then stall the
+    # evaluator). Wall-clock limit for checking one candidate or one extension, enforced by a checker process
+    # that is killed when it runs over.
+    static_check_deadline_s: float = number(10.0, ge=0)
+    # candidate source (UTF-8 bytes), AST nodes and AST nesting depth
+    max_check_source_bytes: int = number(512 * 1024, ge=0)
+    max_ast_nodes: int = number(50_000, ge=0)
+    max_ast_depth: int = number(120, ge=0)
+    # extension text (all sources and flags of one load_inline call, as folded) and its number of sources
+    max_extension_bytes: int = number(256 * 1024, ge=0)
+    max_extension_sources: int = number(32, ge=0)
 
 
 @dataclass(frozen=True)

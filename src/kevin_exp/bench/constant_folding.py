@@ -27,10 +27,13 @@ class Budget:
 
     def __init__(self, total: int = _BUDGET) -> None:
         self.left = total
+        self.exceeded = False  # some value was refused for its size
 
     def spend(self, n: int) -> bool:
         self.left -= max(n, 0)
-        return n <= MAX_LEN and self.left >= 0
+        ok = n <= MAX_LEN and self.left >= 0
+        self.exceeded |= not ok
+        return ok
 
 
 def fold(node: ast.AST, lookup: Callable[[str], Any], budget: Budget | None = None) -> Any:
@@ -191,5 +194,5 @@ def _small_int(v: Any) -> bool:
 
 def _spec_ok(spec: str) -> bool:
     """Format specs without huge widths or precisions (`{x:>999999999}` would allocate a GB)."""
-    return all(int(n) <= 4096 for n in re.findall(r"\d+", spec))
+    return all(len(n) <= 4 and int(n) <= 4096 for n in re.findall(r"\d+", spec))
 

@@ -3,10 +3,12 @@ literals are stripped (ATen/torch library calls, vendor libraries, dispatcher tr
 calls back into Python, a kernel that is really there), and its build flags."""
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Callable
 
 from kevin_exp.bench.build import user_flags
+from kevin_exp.bench.checks.native_source import NativeSource, defined_functions, is_word, tokenize
 from kevin_exp.bench.checks.rules import (
     KERNEL_RULE,
     SYNC_RULE,
@@ -18,17 +20,14 @@ from kevin_exp.bench.checks.rules import (
 from kevin_exp.bench.config import CheckRules
 from kevin_exp.bench.spec import ExtensionSpec
 
-# Unterminated comments/literals run to the end (of the text or line) so that no input makes the
-# scan quadratic; the compiler rejects such code anyway.
-_COMMENT_OR_LITERAL = re.compile(
-    r'//[^\n]*|/\*.*?(?:\*/|\Z)|R"(?P<d>[^()\\\s]{0,16})\(.*?(?:\)(?P=d)"|\Z)|"(?:\\.|[^"\\\n])*"?|'
-    r"'(?:\\.|[^'\\\n])*'?", re.S)
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"\n]+)[>"]', re.M)
 _ROOTS = ("at", "aten", "torch", "c10", "caffe2")
 _NS_ALIAS = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+((?:::)?\w+(?:\s*::\s*\w+)*)[ \t]*$|"
                        r"\bnamespace\s+(\w+)\s*=\s*((?:::)?\w+(?:\s*::\s*\w+)*)\s*;", re.M)
 _USING_NS = re.compile(r"\busing\s+namespace\s+(?:::)?(at|aten|torch)\b")
-_METHOD_CALL = re.compile(r"(?:\.|->)\s*(\w+)\s*(?:<[^;(){}]*>)?\s*\(")
+_TEMPLATE_ARGS = r"(?:<[^;(){}]{0,256}>)?"
+_METHOD_CALL = re.compile(rf"(?:\.|->)\s*(\w+)\s*{_TEMPLATE_ARGS}\s*\(")
+_BARE_CALL = re.compile(rf"(?<![\w.:>])(\w+)\s*{_TEMPLATE_ARGS}\s*\(")
 _KERNEL = re.compile(r"\b__global__\b")
 _LAUNCH = re.compile(r"<<<|\bcu(?:da)?Launch(?:Cooperative)?Kernel(?:Ex)?\b")
 _VENDOR = re.compile(r"\b(?:(?i:cublas|cudnn|cusparse|cusolver|cufft)\w*|cblas_\w+|mkl_\w+|MKL_\w+|dnnl\w*|"
@@ -38,7 +37,8 @@ _VENDOR_INCLUDE = re.compile(r"(?i)^(?:cublas|cudnn|cusparse|cusolver|cufft|cutl
                              r"oneapi/dnnl|eigen|openblas|ATen/cuda/CUDABlas|ATen/cudnn/|cub/device/)")
 _VENDOR_FLAG = re.compile(r"(?i)cublas|cudnn|cusparse|cusolver|cufft|mkl|openblas|blas|dnnl|lapack|cutlass|eigen")
 _DISPATCH = re.compile(r"\b(?:DispatchKey\w*|\w*DispatchKeyGuard|AutoDispatch\w+|\w*LocalDispatchKeySet|Dispatcher|"
-                       r"OperatorHandle|redispatch|TORCH_LIBRARY\w*|PythonTLSSnapshot|ThreadLocalStateGuard)\b")
+                       r"OperatorHandle|redispatch|TORCH_LIBRARY\w*|PythonTLSSnapshot|ThreadLocalStateGuard|RegisterOperators|"
+                       r"C10_REGISTER\w*|REGISTER_DISPATCH|TORCH_REGISTER\w*)\b|(?:\.|->)\s*(?:impl|fallback)\s*\(")
 _NATIVE_CONCURRENCY = re.compile(
     r"\b(?:cudaStreamCreate\w*|cuStreamCreate\w*|pthread_create|getStreamFromPool|getStreamFromExternal|"
     r"setCurrentCUDAStream|\w*CUDAStreamGuard|CUDAMultiStreamGuard|cudaLaunchHostFunc|cuLaunchHostFunc|"
@@ -69,15 +69,8 @@ _BARE_DENY = words("""matmul mm bmm addmm baddbmm einsum conv1d conv2d conv3d co
 def strip_native(text: str, keep_strings: bool = False) -> str:
     """Source with comments removed and (unless keep_strings) string/char literals emptied; line
     continuations are spliced first, as the preprocessor does."""
-    text = text.replace("\\\r\n", "").replace("\\\n", "")
-
-    def sub(m: re.Match[str]) -> str:
-        s = m.group(0)
-        if s[:2] in ("//", "/*"):
-            return " " + "\n" * s.count("\n")
-        return s if keep_strings else '""' + "\n" * s.count("\n")
-
-    return _COMMENT_OR_LITERAL.sub(sub, text)
+    src = tokenize(text)
+    return src.with_strings if keep_strings else src.code
 
 
 def _native_path(root: str, parts: list[str]) -> tuple[str, str] | None:
@@ -100,19 +93,55 @@ def _native_path(root: str, parts: list[str]) -> tuple[str, str] | None:
                                       f"metadata and stream/guard helpers are allowed); {KERNEL_RULE}")
 
 
-def _defines(code: str, fn: str) -> bool:
-    pattern = rf"\b{re.escape(fn)}\s*\([^;{{}}]*\)\s*(?:const\s*)?(?:noexcept\s*)?(?:->[^;{{]+)?\{{"
-    return re.search(pattern, code) is not None
+# Identifiers that are refused wherever they appear (also in a #define body, so a macro cannot rename them:
+# without ## no new identifier can be made). Python objects from C++ (pybind11, the CPython API, torch's
+# Python bindings), dynamic loading, processes and memory tricks: rule unsafe_builtin.
+_PY_IDENT = re.compile(r"(?:Py[A-Z_]|_Py|THP|PYBIND11_|PYTHON_)\w*+|pybind11\b")
+_PY_INFIX = ("PyObject", "PyInterpreter")  # SafePyObject, c10::impl::PyInterpreter, ...
+_UNSAFE_IDENTS = words("""module_ reinterpret_borrow reinterpret_steal gil_scoped_acquire gil_scoped_release
+    eval_file exec eval globals dlopen dlmopen dlsym dlvsym system popen execl execlp execle execv execvp execvpe execve fexecve
+    syscall ptrace mprotect process_vm_writev process_vm_readv""")
+_CONCURRENCY_IDENTS = words("fork vfork pthread_create thrd_create posix_spawn posix_spawnp clone3")
+_ASM = words("asm __asm__ __asm")
+_ASM_TRAP = re.compile(r"(?i)\b(?:syscall|sysenter|svc)\b|\bint\s*\$?0x80\b")
+# `int f(const char*) asm("system");` binds a declaration to any symbol: an asm template that is only a name
+_ASM_LABEL = re.compile(r"[A-Za-z_.$][\w.$@]*+")
+_ASM_QUALIFIERS = words("volatile __volatile__ goto inline")
+# `__attribute__((weakref("system")))` and friends do the same
+_SYMBOL_ATTRS = words("weakref __weakref__ alias __alias__ ifunc __ifunc__ symver __symver__")
+# namespaces a `using namespace` / `namespace A = B` may name (besides the sources' own namespaces)
+_NAMESPACES_OK = words("std at torch c10 cooperative_groups cg nvcuda wmma cuda cub")
+_INCLUDE_DENY = re.compile(
+    r"(?i)^(?:python\.h|pybind11/|torch/python\.h|torch/csrc/|frameobject\.h|dlfcn\.h|link\.h|spawn\.h|"
+    r"sys/syscall\.h|syscall\.h|sys/ptrace\.h|sys/mman\.h)")
+_INCLUDE_CONCURRENCY = re.compile(r"^(?:thread|future|pthread\.h|threads\.h|stop_token|execution)$")
+_INCLUDE_PATH = re.compile(r"[\w+\-][\w./+\-]{0,200}")
+_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(\w*)[^\n]*", re.M)
+_MAX_REPORTED = 20  # violations per extension (the verdict shows the first five)
 
 
 def check_native(spec: ExtensionSpec, backend: str, rules: CheckRules) -> list[Violation]:
-    """Rules on one extension's C++/CUDA sources (comments and string literals stripped first)."""
+    """Rules on one extension's C++/CUDA sources, under the static checks' deadline and input bounds (a
+    checker process that is killed when it runs over; see ``deadline``)."""
+    from kevin_exp.bench.checks.deadline import run_checked
+
+    return run_checked("native", (spec, backend, rules), rules)
+
+
+def native_violations(spec: ExtensionSpec, backend: str, rules: CheckRules) -> list[Violation]:
+    """The native rules themselves, in this process and without a deadline (``check_native`` runs them in
+    the checker process)."""
+    from kevin_exp.bench.checks.bounds import extension_too_large
+
+    too_large = extension_too_large(spec, rules)
+    if too_large is not None:
+        return [too_large]
     out: list[Violation] = []
     seen: set[tuple[str, str]] = set()
 
     def add(rule: str, where: str | tuple[str, str, int], key: str, text: str) -> None:
         """One violation per (rule, token); the line is only worked out for reported ones."""
-        if not rule_enabled(rule, rules) or (rule, key) in seen:
+        if not rule_enabled(rule, rules) or (rule, key) in seen or len(out) >= _MAX_REPORTED:
             return
         seen.add((rule, key))
         if isinstance(where, tuple):
@@ -120,12 +149,13 @@ def check_native(spec: ExtensionSpec, backend: str, rules: CheckRules) -> list[V
             where = f" ({label} line {code.count(chr(10), 0, pos) + 1})"
         out.append(Violation(rule, f"extension {spec.name!r}{where}: {text}"))
 
-    sources: list[tuple[str, str, str]] = []  # (label, code with literals, code without)
+    parsed: list[tuple[str, NativeSource]] = []
     for kind, texts in (("cpp_sources", spec.cpp_sources), ("cuda_sources", spec.cuda_sources)):
         for i, text in enumerate(texts):
-            label = kind if len(texts) == 1 else f"{kind}[{i}]"
-            # include lines are judged by their target, once, so they are blanked from the code scan
-            sources.append((label, strip_native(text, keep_strings=True), _INCLUDE.sub("", strip_native(text))))
+            parsed.append((kind if len(texts) == 1 else f"{kind}[{i}]", tokenize(text)))
+    # include lines are judged by their target, once, so they are blanked from the code scan
+    sources = [(label, src.with_strings, _INCLUDE.sub(lambda m: " " * len(m.group(0)), src.code))
+               for label, src in parsed]
     everything = "\n".join(code for _, _, code in sources)
     aliases: dict[str, list[str]] = {r: [r] for r in _ROOTS}
     for m in _NS_ALIAS.finditer(everything):
@@ -133,33 +163,29 @@ def check_native(spec: ExtensionSpec, backend: str, rules: CheckRules) -> list[V
         parts = re.split(r"\s*::\s*", target.lstrip(":"))
         if parts[0] in _ROOTS:
             aliases[alias] = parts
-    qualified = re.compile(rf"(?<![\w.])(?<!->)({'|'.join(map(re.escape, aliases))})\s*::\s*(\w+(?:\s*::\s*\w+)*)")
     bare = _USING_NS.search(everything) is not None
-    defined: dict[str, bool] = {}
-    for label, with_strings, code in sources:
+    defined: set[str] | None = None
+    own_namespaces = {src.tokens[i + 1] for _, src in parsed for i in range(len(src.tokens) - 2)
+                      if src.tokens[i] == "namespace" and src.tokens[i + 2] == "{"}
+    for (label, with_strings, code), (_, src) in zip(sources, parsed):
         def where(pos: int, label: str = label, code: str = code) -> tuple[str, str, int]:
             return label, code, pos
 
-        for m in _INCLUDE.finditer(with_strings):
-            if _VENDOR_INCLUDE.match(m.group(1)):
-                add("native_library_compute", f" ({label})", m.group(1), f"#include <{m.group(1)}> pulls in a vendor "
-                    f"math library; {KERNEL_RULE}")
-        for m in qualified.finditer(code):
-            parts = aliases[m.group(1)] + re.split(r"\s*::\s*", m.group(2))
-            found = _native_path(parts[0], parts[1:]) if len(parts) > 1 else None
-            if found:
-                add(found[0], where(m.start()), "::".join(parts), found[1])
+        _check_includes(label, with_strings, add)
+        _check_hiding(src, where, add)
+        _check_identifiers(src, aliases, own_namespaces, where, add)
         for m in _METHOD_CALL.finditer(code):
             if m.group(1) in _NATIVE_METHOD_DENY:
                 add("native_library_compute", where(m.start()), "." + m.group(1),
                     f".{m.group(1)}() is an ATen tensor compute method; {KERNEL_RULE}")
         if bare:
-            for m in re.finditer(r"(?<![\w.:>])(\w+)\s*(?:<[^;(){}]*>)?\s*\(", code):
-                if m.group(1) in _BARE_DENY and m.group(1) not in defined:
-                    defined[m.group(1)] = _defines(everything, m.group(1))
-                if m.group(1) in _BARE_DENY and not defined[m.group(1)]:
-                    add("native_library_compute", where(m.start()), m.group(1), f"{m.group(1)}() resolves to an "
-                        f"ATen op through `using namespace`; {KERNEL_RULE}")
+            for m in _BARE_CALL.finditer(code):
+                if m.group(1) in _BARE_DENY:
+                    if defined is None:
+                        defined = {fn for _, s in parsed for fn in defined_functions(s.tokens)}
+                    if m.group(1) not in defined:
+                        add("native_library_compute", where(m.start()), m.group(1), f"{m.group(1)}() resolves to "
+                            f"an ATen op through `using namespace`; {KERNEL_RULE}")
         for m in _VENDOR.finditer(code):
             token = re.sub(r"\s+", "", m.group(0))
             add("native_library_compute", where(m.start()), token, f"{token} is a vendor library (cuBLAS/cuDNN/"
@@ -168,8 +194,9 @@ def check_native(spec: ExtensionSpec, backend: str, rules: CheckRules) -> list[V
             add("native_library_compute", where(code.index("##")), "##", "token pasting (##) is not allowed: it "
                 "hides identifiers (library and ATen calls) from these checks")
         for m in _DISPATCH.finditer(code):
-            add("native_library_compute", where(m.start()), m.group(0), f"{m.group(0)} manipulates the PyTorch "
-                "dispatcher (bypassing the op checks); not allowed")
+            token = re.sub(r"\s+", "", m.group(0)).rstrip("(")
+            add("native_library_compute", where(m.start()), token, f"{token} registers or manipulates PyTorch "
+                "dispatcher kernels (bypassing the op checks); not allowed")
         for m in _NATIVE_CONCURRENCY.finditer(code):
             token = re.sub(r"\s+", "", m.group(0)).rstrip("(")
             add("concurrency", where(m.start()), token, f"{token} creates threads, processes or streams; {SYNC_RULE}")
@@ -181,15 +208,163 @@ def check_native(spec: ExtensionSpec, backend: str, rules: CheckRules) -> list[V
         if _VENDOR_FLAG.search(flag):
             add("native_library_compute", "", flag, f"build flag {flag!r} links or includes a vendor math library; "
                 f"{KERNEL_RULE}")
-    _check_kernel_present(spec, backend, sources, add)
+    _check_kernel_present(spec, backend, sources, parsed, add)
     bad_flags = user_flags.unsafe_flags(spec)
     if bad_flags:  # always on: not a reward rule but the build machine's safety
         out.append(Violation("build_flags", f"extension {spec.name!r}: {user_flags.describe(bad_flags)}"))
     return out
 
 
+def _check_includes(label: str, with_strings: str, add: Callable[..., None]) -> None:
+    for m in _DIRECTIVE.finditer(with_strings):
+        directive = m.group(1)
+        if directive in ("import", "include_next"):
+            add("unsafe_builtin", f" ({label})", m.group(0), f"#{directive} is not allowed; use #include <...>")
+        if directive != "include":
+            continue
+        inc = _INCLUDE.match(m.group(0))
+        target = inc.group(1).strip() if inc else ""
+        if not inc or "<" not in m.group(0) or not _INCLUDE_PATH.fullmatch(target) or ".." in target:
+            add("unsafe_builtin", f" ({label})", m.group(0), f"`{m.group(0).strip()[:80]}`: only #include <header> "
+                "of a system, CUDA or torch header is allowed (no quoted, relative, absolute or macro includes)")
+        elif _VENDOR_INCLUDE.match(target):
+            add("native_library_compute", f" ({label})", target, f"#include <{target}> pulls in a vendor "
+                f"math library; {KERNEL_RULE}")
+        elif _INCLUDE_CONCURRENCY.match(target):
+            add("concurrency", f" ({label})", target, f"#include <{target}> is for threads; {SYNC_RULE}")
+        elif _INCLUDE_DENY.match(target):
+            add("unsafe_builtin", f" ({label})", target, f"#include <{target}> reaches Python, dynamic loading or "
+                "system calls from native code; not allowed")
+
+
+def _check_hiding(src: NativeSource, where: Callable[[int], tuple[str, str, int]],
+                  add: Callable[..., None]) -> None:
+    """Constructs that make the compiler see tokens these checks do not."""
+    if src.trigraphs:
+        add("unsafe_builtin", where(0), "??", "trigraphs (??=, ??/, ...) are not allowed: they can hide "
+            "preprocessor directives and line splices from these checks")
+    for what, pos in src.hidden:
+        add("unsafe_builtin", where(pos), what, f"{what} is not allowed: it can hide code from these checks "
+            "(write plain string literals, #include and identifiers)")
+
+
+def _check_identifiers(src: NativeSource, aliases: dict[str, list[str]], own_namespaces: set[str],
+                       where: Callable[[int], tuple[str, str, int]], add: Callable[..., None]) -> None:
+    """One pass over the identifier tokens: qualified ATen/torch names, banned identifiers, namespace
+    aliases and `using namespace`, `py::`, and namespace roots used other than as `root::`."""
+    toks = src.tokens
+    n = len(toks)
+    directives = _Directives(src.code)
+    chain_end = -1  # tokens up to here belong to a qualified name already judged
+    for i, word in enumerate(toks):
+        at = src.positions[i]
+        if not is_word(word):
+            if word == "::" and i and toks[i - 1] == ")" and not _decltype_before(toks, i - 1):
+                add("unsafe_builtin", where(at), ")::", "`(...)::` qualifies a name through a macro argument; "
+                    "write namespaces out (`at::`, `std::`)")
+            continue
+        prev = toks[i - 1] if i else ""
+        nxt = toks[i + 1] if i + 1 < n else ""
+        if word in _ASM:
+            _check_asm(src, i, where, add)
+        if word in ("using", "namespace") and directives.at(at) == "define":
+            add("unsafe_builtin", where(at), "define " + word, f"`{word}` inside a #define is not allowed (it hides "
+                "which namespace is brought in)")
+        if word in _SYMBOL_ATTRS and (prev == "(" or prev == "::"):
+            add("unsafe_builtin", where(at), word, f"the {word} attribute binds a declaration to another symbol; "
+                "not allowed")
+        if _PY_IDENT.fullmatch(word) or word in _UNSAFE_IDENTS or any(p in word for p in _PY_INFIX):
+            add("unsafe_builtin", where(at), word, f"{word} reaches Python objects, dynamic loading, processes "
+                "or memory tricks from native code; not allowed (bind functions with load_inline(functions=[...]))")
+        elif word in _CONCURRENCY_IDENTS:
+            add("concurrency", where(at), word, f"{word} creates threads or processes; {SYNC_RULE}")
+        elif word == "py" and (nxt == "::" or prev == "namespace" or (prev == "=" and i >= 3 and toks[i - 3] == "namespace")
+                               or directives.at(at) == "define"):
+            add("unsafe_builtin", where(at), "py::", "py:: (pybind11) manipulates Python objects from native "
+                "code; not allowed (bind functions with load_inline(functions=[...]))")
+        if word == "namespace" and prev == "using" and nxt not in _NAMESPACES_OK and nxt not in own_namespaces \
+                and nxt != "::":
+            add("unsafe_builtin", where(at), f"using namespace {nxt}", f"`using namespace {nxt}` is not allowed "
+                f"(only {', '.join(sorted(_NAMESPACES_OK))} or the sources' own namespaces)")
+        if word == "namespace" and i + 3 < n and toks[i + 2] == "=":
+            target = toks[i + 3] if toks[i + 3] != "::" else (toks[i + 4] if i + 4 < n else "")
+            if target not in _NAMESPACES_OK and target not in own_namespaces:
+                add("unsafe_builtin", where(at), f"namespace = {target}", f"namespace alias of {target} is not "
+                    f"allowed (only {', '.join(sorted(_NAMESPACES_OK))})")
+        if word in aliases and prev not in (".", "->") and i > chain_end:
+            if nxt == "::":
+                parts, j = list(aliases[word]), i + 1
+                while j + 1 < n and toks[j] == "::" and is_word(toks[j + 1]):
+                    parts.append(toks[j + 1])
+                    j += 2
+                chain_end = j - 1
+                found = _native_path(parts[0], parts[1:]) if len(parts) > 1 else None
+                if found:
+                    add(found[0], where(at), "::".join(parts), found[1])
+            elif word in _ROOTS and prev != "::" and directives.at(at) != "include" \
+                    and not _alias_form(src, i, directives):
+                add("native_library_compute", where(at), f"{word} (bare)", f"`{word}` is used other than as "
+                    f"`{word}::name` (a macro argument or alias can hide an ATen call); {KERNEL_RULE}")
+
+
+def _check_asm(src: NativeSource, i: int, where: Callable[[int], tuple[str, str, int]],
+               add: Callable[..., None]) -> None:
+    """The template of the asm statement or label starting at token ``i``: no system calls, no bare symbol
+    names (asm labels)."""
+    toks, n = src.tokens, len(src.tokens)
+    j = i + 1
+    while j < n and toks[j] in _ASM_QUALIFIERS:
+        j += 1
+    if j >= n or toks[j] != "(":
+        return
+    j += 1
+    template = []
+    while j + 1 < n and toks[j] == '"' and src.positions[j] in src.string_at:
+        literal = src.string_at[src.positions[j]]
+        template.append(literal[literal.index('"') + 1:].rstrip('"'))
+        j += 2
+    text = "".join(template)
+    if _ASM_TRAP.search(text):
+        add("unsafe_builtin", where(src.positions[i]), "asm syscall", "inline assembly that makes system calls "
+            "is not allowed")
+    elif template and _ASM_LABEL.fullmatch(text.strip()) and j < n and toks[j] == ")":
+        add("unsafe_builtin", where(src.positions[i]), "asm label", f"asm(\"{text.strip()}\") names a symbol (an "
+            "asm label binds a declaration to any function); not allowed")
+
+
+def _decltype_before(toks: list[str], close: int) -> bool:
+    depth = 0
+    for j in range(close, max(close - 512, -1), -1):
+        depth += {")": 1, "(": -1}.get(toks[j], 0)
+        if depth == 0:
+            return j > 0 and toks[j - 1] == "decltype"
+    return False
+
+
+def _alias_form(src: NativeSource, i: int, directives: _Directives) -> bool:
+    """`using namespace at;`, `namespace A = at;`, `#define NS at`: read as aliases elsewhere."""
+    before = src.tokens[max(i - 3, 0):i]
+    return before[-2:] == ["using", "namespace"] or (len(before) == 3 and before[0] == "namespace" and before[2] == "=") \
+        or (len(before) >= 2 and before[-2] == "define" and directives.at(src.positions[i]) == "define")
+
+
+class _Directives:
+    """Which preprocessor directive (if any) a position of the code is on: found once, looked up by bisection."""
+
+    def __init__(self, code: str) -> None:
+        found = [(m.start(), m.end(), m.group(1)) for m in _DIRECTIVE.finditer(code)]
+        self.starts = [f[0] for f in found]
+        self.found = found
+
+    def at(self, pos: int) -> str | None:
+        i = bisect.bisect_right(self.starts, pos) - 1
+        if i >= 0 and self.found[i][0] <= pos < self.found[i][1]:
+            return self.found[i][2]
+        return None
+
+
 def _check_kernel_present(spec: ExtensionSpec, backend: str, sources: list[tuple[str, str, str]],
-                          add: Callable[..., None]) -> None:
+                          parsed: list[tuple[str, NativeSource]], add: Callable[..., None]) -> None:
     cpp = "\n".join(code for label, _, code in sources if label.startswith("cpp"))
     cuda = "\n".join(code for label, _, code in sources if label.startswith("cuda"))
     if backend == "cuda":
@@ -203,9 +378,10 @@ def _check_kernel_present(spec: ExtensionSpec, backend: str, sources: list[tuple
     if not cpp.strip():
         add("no_kernel", "", "empty", "cpu backend: cpp_sources is empty; write the kernel in C++")
     elif spec.functions is None:
-        if "PYBIND11_MODULE" not in cpp:
-            add("no_kernel", "", "bind", "functions=None but no PYBIND11_MODULE block binds a C++ function")
-    elif not any(_defines(cpp, fn) for fn in spec.functions):
-        add("no_kernel", "", "define", f"none of the bound functions ({', '.join(spec.functions)}) is defined "
-            "in cpp_sources")
-
+        add("no_kernel", "", "bind", "functions=None: name the functions to bind with load_inline(..., "
+            "functions=[...]) (writing PYBIND11_MODULE yourself is not allowed)")
+    else:
+        defined = {fn for label, src in parsed if label.startswith("cpp") for fn in defined_functions(src.tokens)}
+        if not defined.intersection(spec.functions):
+            add("no_kernel", "", "define", f"none of the bound functions ({', '.join(spec.functions)}) is defined "
+                "in cpp_sources")

@@ -14,6 +14,7 @@ from kevin_exp.bench.ast_names import (
 from kevin_exp.bench.checks.python_kinds import MATH_BUILTINS, TensorKinds
 from kevin_exp.bench.checks.python_module import CandidateModule
 from kevin_exp.bench.checks.python_names import ALLOWED_IMPORTS, classify_chain
+from kevin_exp.bench.checks.python_reach import InterpreterReach
 from kevin_exp.bench.checks.rules import (
     KERNEL_RULE,
     SYNC_RULE,
@@ -25,15 +26,16 @@ from kevin_exp.bench.checks.rules import (
 from kevin_exp.bench.config import CheckRules
 
 _CONCURRENCY_METHODS = words("wait_stream record_stream")
-_UNSAFE_BUILTINS = words("exec eval compile open globals locals vars breakpoint input __import__")
+_UNSAFE_BUILTINS = words("exec eval compile open globals locals vars breakpoint input help __import__")
 _DUNDER_OK = words("__init__ __name__ __doc__ __file__")
 _DEF_DUNDER_OK = words("__init__ __repr__ __str__")
 _ARITH = (ast.Add, ast.Sub, ast.Mult, ast.MatMult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.LShift,
           ast.RShift, ast.BitAnd, ast.BitOr, ast.BitXor)
 _PATCH_RULE = "timing, synchronisation and torch functions must not be modified"
+_MAX_REPORTED = 50  # violations per candidate (the verdict shows the first five)
 
 
-class PythonChecker(CandidateModule):
+class PythonChecker(CandidateModule, InterpreterReach):
     """The Python rules over one candidate module; ``run`` returns its violations (one per rule, line and
     message)."""
 
@@ -42,9 +44,10 @@ class PythonChecker(CandidateModule):
         self.rules = rules
         self.out: dict[tuple[str, int | None, str], Violation] = {}
         self._scope_names: dict[int, set[str]] = {}
+        self._reach_init()
 
     def add(self, rule: str, node: ast.AST | None, text: str) -> None:
-        if rule_enabled(rule, self.rules):
+        if rule_enabled(rule, self.rules) and len(self.out) < _MAX_REPORTED:
             line = getattr(node, "lineno", None)
             msg = f"line {line}: {text}" if line else text
             self.out.setdefault((rule, line, msg), Violation(rule, msg, line))
@@ -69,6 +72,7 @@ class PythonChecker(CandidateModule):
                         self.add("unsafe_builtin", node, f"class {node.name} subclasses torch.Tensor; tensor "
                                  "subclasses (lazy evaluation) are not allowed, return plain tensors")
             self._check_names(node)
+            self.check_reach(node)
             self._check_patch(node)
             if isinstance(node, ast.Call):
                 self._check_call(node)

@@ -36,13 +36,38 @@ _DANGEROUS_MODULES = words("""os sys subprocess ctypes builtins importlib inspec
     shutil socket io pathlib tempfile weakref platform code codeop runpy pty mmap resource atexit""")
 
 
+# Attribute names that only lead to interpreter internals: refused on any receiver (python_reach) and in
+# any resolved chain.
+INTERNAL_ATTRS = words("""
+    f_back f_globals f_locals f_builtins f_code f_trace gi_frame gi_code gi_yieldfrom cr_frame cr_code cr_await
+    cr_origin ag_frame ag_code ag_await tb_frame tb_next co_code co_consts co_names mro
+    sys os subprocess ctypes ctypeslib builtins importlib inspect gc types pickle marshal code codeop threading
+    _thread multiprocessing signal atexit weakref finalize shutil socket io pathlib tempfile platform runpy pty
+    mmap resource sysconfig site linecache traceback
+    ops library load_library get_type_hints ForwardRef""")
+# torch namespaces that register or load code, (un)pickle, compile or trace: interpreter internals even
+# with the compute rules off
+_TORCH_UNSAFE = words("""torch.ops torch.library torch.classes torch.jit torch.fx torch.package torch.hub
+    torch.load torch.save torch.serialization torch.overrides torch.compiler torch.compile torch.export
+    torch.utils.hooks torch.utils.checkpoint torch.autograd.graph torch.cuda.memory._record_memory_history""")
+_CPP_EXTENSION_OK = words("load_inline CUDA_HOME")
+_TYPING_OK = words("""Any Optional Union List Tuple Dict Set FrozenSet Callable Sequence Iterable Iterator Mapping
+    Type TypeVar Generic TYPE_CHECKING Final Literal ClassVar cast overload""")
+_NUMBERS_OK = words("Number Integral Real Complex Rational")
+
+
 def classify_chain(q: str) -> tuple[str, str] | None:
     """(rule, message) for a resolved dotted name, or None when it is allowed."""
     parts = q.split(".")
     if any(p.startswith("__") and p.endswith("__") for p in parts):
         return None  # dunder attribute access is reported on its own
-    if any(p in _DANGEROUS_MODULES for p in parts[1:]) or (
-            parts[0] == "torch" and any(p.startswith("_") for p in parts[1:]) and q not in _TORCH_PRIVATE_OK):
+    internals = any(p in _DANGEROUS_MODULES or p in INTERNAL_ATTRS for p in parts[1:]) or (
+        any(p.startswith("_") for p in parts[1:]) and q not in _TORCH_PRIVATE_OK) or any(
+        q == u or q.startswith(u + ".") for u in _TORCH_UNSAFE) or (
+        q.startswith("torch.utils.cpp_extension.") and parts[3] not in _CPP_EXTENSION_OK) or (
+        parts[0] == "typing" and len(parts) > 1 and parts[1] not in _TYPING_OK) or (
+        parts[0] == "numbers" and len(parts) > 1 and parts[1] not in _NUMBERS_OK)
+    if internals:
         return "unsafe_builtin", (f"{q} reaches interpreter or torch internals; only public torch, math and "
                                   "typing APIs may be used")
     if any(q == c or q.startswith(c + ".") for c in _CONCURRENCY) or (
@@ -58,5 +83,5 @@ def classify_chain(q: str) -> tuple[str, str] | None:
     if parts[:2] == ["torch", "Tensor"] and len(parts) == 3 and parts[2] in TENSOR_METHODS_ALLOWED:
         return None
     if q.startswith("torch.utils.cpp_extension.") and len(parts) == 4:
-        return None
+        return None  # load_inline, CUDA_HOME (the rest is refused above)
     return "torch_compute", f"{q} is a PyTorch compute op (or not on the allow-list); {KERNEL_RULE}"
