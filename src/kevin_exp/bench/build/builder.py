@@ -170,7 +170,7 @@ class Builder:
         deadline = time.monotonic() + self.timeout_s
         meta = {"key": key, "module": module, "mode": self.mode, "backend": self.backend, "arch": arch,
                 "spec_name": spec.name, "pid": os.getpid(), "host": os.uname().nodename, "created": time.time(),
-                "builder": BUILDER_VERSION}
+                "builder": BUILDER_VERSION, "sandbox": proc.sandbox_note()}
         if self.mode == "torch":
             res = build_torch(spec, module, tmp, deadline, self.memory_limit_gb, self.jobs, arch)
             (tmp / "build.log").write_text(res.describe())
