@@ -229,6 +229,22 @@ def enter_root(spec: dict) -> None:
     mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID)
 
 
+def python_roots() -> list[str]:
+    """The Python installation: the interpreter's prefixes (a venv and its base) and site-packages folders
+    outside them (a system Python's dist-packages). Not the project's own source folders on ``sys.path``."""
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    roots = set(prefixes)
+    for entry in sys.path:
+        real = os.path.realpath(entry) if entry else ""
+        if real and os.path.isdir(real) and ("site-packages" in real or "dist-packages" in real):
+            roots.add(real)
+    return sorted(roots)
+
+
+def library_path_roots() -> list[str]:
+    return [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d and os.path.isdir(d)]
+
+
 def cuda_devices() -> list[str]:
     """The GPU device nodes of the host (``nvidia0``, ``nvidiactl``, ``nvidia-uvm``, ``nvidia-caps`` ...)."""
     try:

@@ -156,6 +156,7 @@ class Builder:
                 meta = self._build_into(spec, key, tmp)
                 meta["seconds"] = round(time.perf_counter() - t0, 3)
                 cache.write_json(tmp / "meta.json", meta)
+                _hide_all_but_the_module(tmp)
                 cache.publish(tmp, final)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -189,11 +190,15 @@ class Builder:
         return {**meta, "steps": info.steps, "binding": info.binding}
 
     def _error(self, res: proc.ProcResult, unit: str, earlier: str = "") -> BuildError:
-        # the failing compiler's own output first: that is what feedback to a model should show
-        log = f"{res.output}\n$ {' '.join(res.argv)}\n" + (f"\n== all build steps ==\n{earlier}" if earlier else "")
+        from kevin_exp.bench.messages import drop_foreign_quotes
+
+        # the failing compiler's own output first: that is what feedback to a model should show; never
+        # a quote of a file outside the candidate's sources and the toolkit's headers
+        output = drop_foreign_quotes(res.output)
+        log = f"{output}\n$ {' '.join(res.argv)}\n" + (f"\n== all build steps ==\n{drop_foreign_quotes(earlier)}" if earlier else "")
         if res.timed_out:
             return BuildError(f"build timed out after {self.timeout_s:g} s ({unit})", log)
-        return BuildError(f"{unit} failed: {_first_error(res.output)}", log)
+        return BuildError(f"{unit} failed: {_first_error(output)}", log)
 
     # -- warm-up ------------------------------------------------------------------------------------
     def warm(self) -> None:
@@ -212,6 +217,14 @@ class Builder:
             list(pool.map(lambda f: fb.pch.get([*lean, *f], build=True), pch_sets))
             jobs = [(sigs, flags) for flags in bind_sets for sigs in COMMON_SIGNATURES]
             list(pool.map(lambda job: fb.binding(job[0], job[1], deadline, None), jobs))
+
+
+def _hide_all_but_the_module(entry: Path) -> None:
+    """Sandboxed workers (another uid) read the cache: they may load the module, never read a candidate's
+    sources or build log."""
+    for path in entry.iterdir():
+        if path.is_file() and path.suffix != ".so":
+            path.chmod(0o600)
 
 
 _import_lock = threading.Lock()

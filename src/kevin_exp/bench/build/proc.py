@@ -82,35 +82,37 @@ _jail_lock = threading.Lock()
 LAUNCHER = Path(jail.__file__)
 
 
-def allow_reading(path: Path) -> None:
-    """Show ``path`` (a build cache) read-only to every sandboxed compile of this process."""
-    _readable.add(Path(path).resolve())
+CACHE_PARTS_COMPILES_READ = ("lean", "pch", "reg")
+"""What of a build cache a sandboxed compile sees (read-only): generated lean headers, PCHs, binding objects;
+never ``ext`` (other candidates' sources and logs) beyond its own build folder."""
 
 
-def _python_roots() -> list[str]:
-    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
-    roots = set(prefixes)
-    for entry in sys.path:  # site-packages etc. outside the prefixes (a system Python's dist-packages)
-        real = os.path.realpath(entry) if entry else ""
-        if real and os.path.isdir(real) and ("site-packages" in real or "dist-packages" in real):
-            roots.add(real)
-    return sorted(roots)
+def allow_reading(cache_root: Path) -> None:
+    """Show ``cache_root``'s shared parts read-only to every sandboxed compile of this process."""
+    root = Path(cache_root).resolve()
+    for part in CACHE_PARTS_COMPILES_READ:
+        (root / part).mkdir(parents=True, exist_ok=True)
+    _readable.add(root)
+
+
+def readable_roots() -> list[Path]:
+    return sorted(_readable)
 
 
 def _toolkit_roots() -> list[str]:
     from .flags import cuda_home
     from .lean import STATIC_DIR
 
-    roots = [*_python_roots(), str(STATIC_DIR)]
+    roots = [*jail.python_roots(), str(STATIC_DIR)]
     home = cuda_home()
     if home and os.path.isdir(home):
         roots.append(home)
-    roots += [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d and os.path.isdir(d)]
-    return roots
+    return roots + jail.library_path_roots()
 
 
 def jail_spec(cwd: Path, uid: int | None, memory_limit_gb: float) -> dict:
-    return {"readonly": [*_toolkit_roots(), *map(str, sorted(_readable))], "writable": [str(cwd)], "cwd": str(cwd),
+    shared = [str(root / part) for root in sorted(_readable) for part in CACHE_PARTS_COMPILES_READ]
+    return {"readonly": [*_toolkit_roots(), *shared], "writable": [str(cwd)], "cwd": str(cwd),
             "uid": uid, "nproc": 1024, "address_space_gb": memory_limit_gb, "nice": COMPILE_NICENESS,
             "tmp_size": "4g", "shm_size": "64m"}
 
