@@ -23,6 +23,7 @@ import platform
 import resource
 import stat
 import sys
+import warnings  # noqa: F401 - os.execvpe imports it, and after the pivot the standard library may be out of sight
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18

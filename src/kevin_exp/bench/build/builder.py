@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kevin_exp.bench.spec import ExtensionSpec
 
-from . import cache, glue, proc, user_flags
+from . import cache, glue, op_watch, proc, user_flags
 from .fast import CompileFailed, FastBuilder
 from .flags import resolve_cuda_arch, toolchain_id
 from .lean import static_digest
@@ -80,6 +80,8 @@ class Builder:
         self.timeout_s, self.memory_limit_gb = timeout_s, memory_limit_gb
         self.jobs = jobs if jobs > 0 else (os.cpu_count() or 1)
         self.fast = FastBuilder(self.cache_dir, timeout_s, memory_limit_gb, self.jobs)
+        # the runtime guard's all-threads op watch, loaded by workers from this cache (built once per torch version)
+        self.op_watch, self.op_watch_note = op_watch.build(self.cache_dir, timeout_s, memory_limit_gb)
 
     # -- keys and lookup --------------------------------------------------------------------------
     @property
