@@ -116,3 +116,14 @@ def test_nothing_written_survives_into_the_next_evaluation(evaluator) -> None:
     assert obs2["found"] == [], obs2
     for d in PERSIST_DIRS:
         assert not Path(d, f"kx-persist-{first}").exists()
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", str(CHECKOUT / "pyproject.toml")])
+def test_an_absolute_include_fails_to_compile_and_quotes_nothing(evaluator, target: str) -> None:
+    source = fixture_text("cpu", "ok.py").replace('source = r"""\n', f'source = r"""\n#include "{target}"\n', 1)
+    assert f'#include "{target}"' in source
+    [v] = evaluator.evaluate([EvalItem("include", fixture_text("problem_relu.py"), source + f"# {uuid.uuid4().hex}\n")])
+    assert v.status is Status.COMPILE_ERROR, v.reason
+    text = v.reason + "\n" + v.feedback
+    content = [ln.strip() for ln in Path(target).read_text().splitlines() if len(ln.strip()) > 12]
+    assert content and not [ln for ln in content if ln in text], text

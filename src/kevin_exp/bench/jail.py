@@ -38,7 +38,7 @@ BASE_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 # Variables passed from the evaluator to sandboxed processes; everything else (tokens, keys, the trainer's
 # settings) stays outside.
-ENV_NAMES = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "CC", "CXX", "CUDAHOSTCXX"})
+ENV_NAMES = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "CC", "CXX", "CUDAHOSTCXX", "KEVIN_EXP_CACHE"})
 ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NVCC_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_")
 
 

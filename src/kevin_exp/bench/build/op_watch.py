@@ -134,7 +134,10 @@ def build(cache_root: Path, timeout_s: float = 300.0, memory_limit_gb: float = 8
 
             shutil.rmtree(tmp, ignore_errors=True)
             return None, f"the op watch did not build: {res.output[-500:]}"
+        # the workers' uids load it through their read-only view of the cache
         for path in (tmp, tmp / LIBRARY):
             os.chmod(path, 0o755)
+        for folder in (Path(cache_root), final.parent):
+            os.chmod(folder, os.stat(folder).st_mode | 0o005)
         cache.publish(tmp, final)
         return final / LIBRARY, f"built in {res.seconds:.1f} s"
