@@ -66,3 +66,18 @@ def test_a_checkout_under_tmp_stays_visible_inside_the_private_tmp(tmp_path):
         assert verdict.startswith("namespace True"), verdict
     finally:
         shutil.rmtree(copy, ignore_errors=True)
+
+
+@pytest.mark.parametrize("root", ["minimal", "host"])
+def test_each_fallback_level_starts_a_worker(root):
+    """The weaker level the probe falls back to (host file system, private /tmp) works with a leased uid too."""
+    from kevin_exp.bench.sandbox import SandboxPolicy, _probe_worker
+    from kevin_exp.bench.uid_lease import UidLease
+
+    lease = UidLease()
+    try:
+        assert _probe_worker("cpu", private_tmp=True, uid=lease.uid, root=root) is None
+    finally:
+        lease.release()
+    text = SandboxPolicy("namespace", True, "minimal root, leased uid failed: exit 3", "host").describe()
+    assert "host file system" in text and "fallback: minimal root" in text

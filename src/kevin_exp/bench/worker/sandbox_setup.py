@@ -40,18 +40,69 @@ def worker_root_spec(backend: str, cache_dir: str | None) -> dict:
     return spec
 
 
-def _host_root(cache_dir: str | None) -> None:
-    """The weaker level: the host's file system stays (read-only to the uid), /tmp and /dev/shm are private."""
+def _blocking_ancestor(path: Path) -> Path | None:
+    """The highest ancestor of ``path`` that others may not traverse (e.g. /root, mode 700)."""
+    for parent in reversed(path.parents):
+        try:
+            if not os.stat(parent).st_mode & 0o001:
+                return parent
+        except OSError:
+            return None
+    return None
+
+
+def _bind_ro(source: str, target: str) -> None:
+    jail.mount(source, target, None, jail.MS_BIND)
+    jail.mount(None, target, None, jail.MS_REMOUNT | jail.MS_BIND | jail.MS_RDONLY | jail.MS_NOSUID)
+
+
+def _expose_readonly(paths: list[Path]) -> None:
+    """Make ``paths`` readable by an unprivileged uid, read-only: a directory like /root (mode 700) that holds
+    the interpreter is covered by an empty tmpfs, and only the needed children are bound back."""
+    stage = Path("/tmp/.kx-stage")
+    covered: dict[Path, Path] = {}
+    for path in paths:
+        blocker = _blocking_ancestor(path)
+        if blocker is None or blocker in covered:
+            continue
+        staged = stage / str(len(covered))
+        staged.mkdir(parents=True)
+        jail.mount(str(blocker), str(staged), None, jail.MS_BIND)
+        jail.mount("kx-cover", str(blocker), "tmpfs", jail.MS_NOSUID, "mode=755,size=1m")
+        covered[blocker] = staged
+    for path in paths:
+        for b, staged in covered.items():
+            if path == b or b not in path.parents:
+                continue
+            child = b / path.relative_to(b).parts[0]
+            if not child.exists():
+                child.mkdir()
+                _bind_ro(str(staged / child.name), str(child))
+
+
+def _host_root(cache_dir: str | None, expose: bool) -> None:
+    """The weaker level: the host's file system stays (read-only to the uid), /tmp and /dev/shm are private;
+    a checkout or venv under /tmp is bound back read-only, and with ``expose`` the Python installation is made
+    traversable for the uid."""
     jail.mount(None, "/", None, jail.MS_REC | jail.MS_PRIVATE)
     cache_fd = os.open(cache_dir, os.O_PATH | os.O_DIRECTORY) if cache_dir and os.path.isdir(cache_dir) else None
+    needed = {Path(p) for p in jail.python_roots()} | {PACKAGE_DIR.parent}
+    tops = {Path(root) / p.relative_to(root).parts[0] for p in needed for root in ("/tmp", "/dev/shm")
+            if Path(root) in p.parents}
+    held = {d: os.open(d, os.O_PATH | os.O_DIRECTORY) for d in tops}
     for target, size in (("/tmp", "2g"), ("/dev/shm", "1g")):
         if os.path.isdir(target):
             jail.mount("kx-tmp", target, "tmpfs", jail.MS_NOSUID | jail.MS_NODEV, f"size={size},mode=1777")
+    for d, fd in held.items():
+        d.mkdir(parents=True, exist_ok=True)
+        _bind_ro(f"/proc/self/fd/{fd}", str(d))
+        os.close(fd)
     if cache_fd is not None:
         Path(SANDBOX_CACHE).mkdir(parents=True)
-        jail.mount(f"/proc/self/fd/{cache_fd}", SANDBOX_CACHE, None, jail.MS_BIND)
-        jail.mount(None, SANDBOX_CACHE, None, jail.MS_REMOUNT | jail.MS_BIND | jail.MS_RDONLY | jail.MS_NOSUID)
+        _bind_ro(f"/proc/self/fd/{cache_fd}", SANDBOX_CACHE)
         os.close(cache_fd)
+    if expose:
+        _expose_readonly(sorted(needed))
 
 
 def prepare_sandbox(args: argparse.Namespace) -> None:
@@ -59,7 +110,7 @@ def prepare_sandbox(args: argparse.Namespace) -> None:
     slot's uid; the environment is the allow-listed one the parent passed, plus HOME, TMPDIR and caches here."""
     if args.private_tmp:
         if os.environ.pop(ROOT_ENV, "minimal") == "host":
-            _host_root(args.cache_dir)
+            _host_root(args.cache_dir, expose=args.uid is not None)
         else:
             jail.enter_root(worker_root_spec(args.backend, args.cache_dir))
     workdir = Path(args.workdir)
