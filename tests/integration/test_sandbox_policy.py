@@ -18,7 +18,27 @@ pytestmark = pytest.mark.skipif(
 def test_root_linux_gets_namespaces_and_an_unprivileged_uid():
     policy = probe_policy("auto", "cpu")
     assert policy.mode == "namespace" and policy.drop_uid, policy.note
-    assert "leased unprivileged uid" in policy.describe()
+    assert policy.root == "minimal" and not policy.note, policy.describe()
+    assert "leased unprivileged uid" in policy.describe() and "minimal read-only root" in policy.describe()
+
+
+@pytest.mark.gpu
+def test_cuda_workers_initialise_cuda_inside_the_minimal_root():
+    """On a GPU machine the probe starts a worker with CUDA up inside the minimal root; a fallback shows in describe()."""
+    policy = probe_policy("auto", "cuda")
+    assert policy.mode == "namespace" and policy.drop_uid and policy.root == "minimal", policy.describe()
+
+
+def test_the_environment_is_an_allow_list(monkeypatch):
+    from kevin_exp.bench.sandbox import python_env
+
+    monkeypatch.setenv("KX_TEST_SECRET", "nope")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    env = python_env()
+    assert "KX_TEST_SECRET" not in env and "HOME" not in env
+    assert env["OMP_NUM_THREADS"] == "3" and env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["PYTHONPATH"].endswith("src") and "PATH" in env
 
 
 def test_explicit_process_level_is_honoured():
@@ -46,3 +66,18 @@ def test_a_checkout_under_tmp_stays_visible_inside_the_private_tmp(tmp_path):
         assert verdict.startswith("namespace True"), verdict
     finally:
         shutil.rmtree(copy, ignore_errors=True)
+
+
+@pytest.mark.parametrize("root", ["minimal", "host"])
+def test_each_fallback_level_starts_a_worker(root):
+    """The weaker level the probe falls back to (host file system, private /tmp) works with a leased uid too."""
+    from kevin_exp.bench.sandbox import SandboxPolicy, _probe_worker
+    from kevin_exp.bench.uid_lease import UidLease
+
+    lease = UidLease()
+    try:
+        assert _probe_worker("cpu", private_tmp=True, uid=lease.uid, root=root) is None
+    finally:
+        lease.release()
+    text = SandboxPolicy("namespace", True, "minimal root, leased uid failed: exit 3", "host").describe()
+    assert "host file system" in text and "fallback: minimal root" in text

@@ -7,13 +7,22 @@ else raises ``ForbiddenOpError`` and is recorded in ``guard.violations``. The re
 native code can catch the exception (``try { at::mm(...) } catch (...) {}``) and carry on: the caller
 must check ``guard.violations`` after forward returns, whatever happened.
 
+A dispatch mode is thread-local: ops a candidate's C++ runs on other threads (OpenMP, ``at::parallel_for``)
+are seen by the op watch instead (``build/op_watch.py``: a global ``RecordFunction`` callback in a small
+trusted library, armed for as long as the guard is entered); they are added to ``guard.violations`` when
+the guard exits. ``guard.all_threads`` says whether the watch was armed (it is missing when the build cache
+holds no op watch library for this torch).
+
 ``snapshot_timing_functions`` / ``verify_timing_functions`` detect monkey-patched timers, syncs and
 comparison functions (rule ``timing_tampered``).
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib
 import inspect
+import os
 import sys
 from typing import Any, Iterable
 
@@ -56,6 +65,35 @@ def op_name(func: Any) -> str:
     return name.removeprefix("aten::")
 
 
+WATCH_REMOVED = "<op watch removed>"
+
+
+def op_watch_places() -> list[str]:
+    """Build caches the op watch library is looked for in: the sandbox's read-only cache, $KEVIN_EXP_CACHE,
+    the default cache."""
+    from kevin_exp.bench.worker.sandbox_setup import SANDBOX_CACHE
+
+    places = [SANDBOX_CACHE, os.environ.get("KEVIN_EXP_CACHE", ""),
+              os.path.join(os.path.expanduser("~"), ".cache", "kevin_exp")]
+    return [p for p in places if p]
+
+
+@functools.lru_cache(maxsize=1)
+def _op_watch() -> ctypes.CDLL | None:
+    from kevin_exp.bench.build import op_watch
+
+    for place in op_watch_places():
+        path = op_watch.library_in(place)
+        if path.exists():
+            lib = ctypes.CDLL(str(path))
+            lib.kx_watch_arm.argtypes = [ctypes.c_char_p]
+            lib.kx_watch_arm.restype = ctypes.c_int
+            lib.kx_watch_disarm.argtypes = [ctypes.c_char_p, ctypes.c_long]
+            lib.kx_watch_disarm.restype = ctypes.c_long
+            return lib
+    return None
+
+
 class TorchComputeGuard(TorchDispatchMode):
     """Blocks non-allow-listed ATen ops; ``violations`` keeps every blocked op name in order."""
 
@@ -63,6 +101,24 @@ class TorchComputeGuard(TorchDispatchMode):
         super().__init__()
         self.allowed = frozenset(allowed)
         self.violations: list[str] = []
+        self.all_threads = False
+        self._watch: ctypes.CDLL | None = None
+
+    def __enter__(self) -> "TorchComputeGuard":
+        lib = _op_watch()
+        if lib is not None and lib.kx_watch_arm("\n".join(sorted(self.allowed)).encode()) == 0:
+            self._watch, self.all_threads = lib, True
+        return super().__enter__()
+
+    def _disarm(self) -> None:
+        if self._watch is None:
+            return
+        buf = ctypes.create_string_buffer(4096)
+        hits = self._watch.kx_watch_disarm(buf, len(buf))
+        self._watch = None
+        self.violations += [n for n in buf.value.decode(errors="replace").splitlines() if n]
+        if hits < 0:
+            self.violations.append(WATCH_REMOVED)
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -79,6 +135,12 @@ class TorchComputeGuard(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> Any:
+        try:
+            return self._exit_mode(exc_type, exc_val, exc_tb)
+        finally:
+            self._disarm()
+
+    def _exit_mode(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> Any:
         stack = _get_current_dispatch_mode_stack()
         if stack and stack[-1] is self:
             return super().__exit__(exc_type, exc_val, exc_tb)

@@ -119,7 +119,7 @@ class WorkerProcess:
                 args += ["--cache-dir", str(cache_dir)]
             if self._lease is not None:
                 args += ["--uid", str(self._lease.uid), "--nproc", "512"]
-            cmd = namespace_cmd() + args
+            cmd = namespace_cmd(policy) + args
         else:
             self.workdir.mkdir(parents=True, exist_ok=True)
             args += [str(self.workdir)]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kevin_exp.bench.spec import ExtensionSpec
 
-from . import cache, glue, proc, user_flags
+from . import cache, glue, op_watch, proc, user_flags
 from .fast import CompileFailed, FastBuilder
 from .flags import resolve_cuda_arch, toolchain_id
 from .lean import static_digest
@@ -80,6 +80,8 @@ class Builder:
         self.timeout_s, self.memory_limit_gb = timeout_s, memory_limit_gb
         self.jobs = jobs if jobs > 0 else (os.cpu_count() or 1)
         self.fast = FastBuilder(self.cache_dir, timeout_s, memory_limit_gb, self.jobs)
+        # the runtime guard's all-threads op watch, loaded by workers from this cache (built once per torch version)
+        self.op_watch, self.op_watch_note = op_watch.build(self.cache_dir, timeout_s, memory_limit_gb)
 
     # -- keys and lookup --------------------------------------------------------------------------
     @property
@@ -156,6 +158,7 @@ class Builder:
                 meta = self._build_into(spec, key, tmp)
                 meta["seconds"] = round(time.perf_counter() - t0, 3)
                 cache.write_json(tmp / "meta.json", meta)
+                _hide_all_but_the_module(tmp)
                 cache.publish(tmp, final)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -170,7 +173,7 @@ class Builder:
         deadline = time.monotonic() + self.timeout_s
         meta = {"key": key, "module": module, "mode": self.mode, "backend": self.backend, "arch": arch,
                 "spec_name": spec.name, "pid": os.getpid(), "host": os.uname().nodename, "created": time.time(),
-                "builder": BUILDER_VERSION}
+                "builder": BUILDER_VERSION, "sandbox": proc.sandbox_note()}
         if self.mode == "torch":
             res = build_torch(spec, module, tmp, deadline, self.memory_limit_gb, self.jobs, arch)
             (tmp / "build.log").write_text(res.describe())
@@ -189,11 +192,15 @@ class Builder:
         return {**meta, "steps": info.steps, "binding": info.binding}
 
     def _error(self, res: proc.ProcResult, unit: str, earlier: str = "") -> BuildError:
-        # the failing compiler's own output first: that is what feedback to a model should show
-        log = f"{res.output}\n$ {' '.join(res.argv)}\n" + (f"\n== all build steps ==\n{earlier}" if earlier else "")
+        from kevin_exp.bench.messages import drop_foreign_quotes
+
+        # the failing compiler's own output first: that is what feedback to a model should show; never
+        # a quote of a file outside the candidate's sources and the toolkit's headers
+        output = drop_foreign_quotes(res.output)
+        log = f"{output}\n$ {' '.join(res.argv)}\n" + (f"\n== all build steps ==\n{drop_foreign_quotes(earlier)}" if earlier else "")
         if res.timed_out:
             return BuildError(f"build timed out after {self.timeout_s:g} s ({unit})", log)
-        return BuildError(f"{unit} failed: {_first_error(res.output)}", log)
+        return BuildError(f"{unit} failed: {_first_error(output)}", log)
 
     # -- warm-up ------------------------------------------------------------------------------------
     def warm(self) -> None:
@@ -212,6 +219,14 @@ class Builder:
             list(pool.map(lambda f: fb.pch.get([*lean, *f], build=True), pch_sets))
             jobs = [(sigs, flags) for flags in bind_sets for sigs in COMMON_SIGNATURES]
             list(pool.map(lambda job: fb.binding(job[0], job[1], deadline, None), jobs))
+
+
+def _hide_all_but_the_module(entry: Path) -> None:
+    """Sandboxed workers (another uid) read the cache: they may load the module, never read a candidate's
+    sources or build log."""
+    for path in entry.iterdir():
+        if path.is_file() and path.suffix != ".so":
+            path.chmod(0o600)
 
 
 _import_lock = threading.Lock()

@@ -64,6 +64,7 @@ class FastBuilder:
                  nvcc_pipeline: bool = True) -> None:
         self.root, self.timeout_s, self.memory_limit_gb, self.jobs = root, timeout_s, memory_limit_gb, jobs
         self.nvcc_pipeline = nvcc_pipeline
+        proc.allow_reading(root)  # sandboxed compiles read the lean headers, PCHs and bindings here
         self.lean = LeanHeaders(root, timeout_s, memory_limit_gb)
         self.pch = PchStore(root, self.lean, timeout_s, memory_limit_gb)
 

@@ -1,4 +1,8 @@
-"""Running untrusted compiles: own process group, a deadline, an address-space limit, no stdin, low priority.
+"""Running untrusted compiles: own process group, a deadline, an address-space limit, no stdin, low priority,
+and (Linux, root) a sandbox: new namespaces, a minimal read-only root that shows only the toolchain, the CUDA
+toolkit, the Python installation (torch's and Python's headers), the lean headers, the build caches
+(read-only) and the job's own folder (writable), an unprivileged leased uid and the allow-listed environment
+(``jail.py`` is the launcher). A candidate's ``#include "/etc/passwd"`` finds nothing.
 
 Compilers stay in the caller's session (``process_group=0``, not ``start_new_session``). With the kernel's
 autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``, on by default on desktop and many cloud
@@ -8,16 +12,21 @@ niceness. Kept in one session, they share one group and their niceness ranks the
 """
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
+
+from kevin_exp.bench import jail
+from kevin_exp.bench.uid_lease import UidLease
 
 
 @dataclass
@@ -65,6 +74,123 @@ def _limited(argv: list[str], memory_limit_gb: float):
     return argv, apply
 
 
+_readable: set[Path] = set()
+_owners: dict[Path, list] = {}  # a job folder -> [jobs in it, its mode before]
+_owners_lock = threading.Lock()
+_jail_state: dict[str, object] = {}
+_jail_lock = threading.Lock()
+LAUNCHER = Path(jail.__file__)
+
+
+CACHE_PARTS_COMPILES_READ = ("lean", "pch", "reg")
+"""What of a build cache a sandboxed compile sees (read-only): generated lean headers, PCHs, binding objects;
+never ``ext`` (other candidates' sources and logs) beyond its own build folder."""
+
+
+def allow_reading(cache_root: Path) -> None:
+    """Show ``cache_root``'s shared parts read-only to every sandboxed compile of this process."""
+    root = Path(cache_root).resolve()
+    for part in CACHE_PARTS_COMPILES_READ:
+        (root / part).mkdir(parents=True, exist_ok=True)
+    _readable.add(root)
+
+
+def readable_roots() -> list[Path]:
+    return sorted(_readable)
+
+
+def _toolkit_roots() -> list[str]:
+    from .flags import cuda_home
+    from .lean import STATIC_DIR
+
+    roots = [*jail.python_roots(), str(STATIC_DIR)]
+    home = cuda_home()
+    if home and os.path.isdir(home):
+        roots.append(home)
+    return roots + jail.library_path_roots()
+
+
+def jail_spec(cwd: Path, uid: int | None, memory_limit_gb: float) -> dict:
+    shared = [str(root / part) for root in sorted(_readable) for part in CACHE_PARTS_COMPILES_READ]
+    return {"readonly": [*_toolkit_roots(), *shared], "writable": [str(cwd)], "cwd": str(cwd),
+            "uid": uid, "nproc": 1024, "address_space_gb": memory_limit_gb, "nice": COMPILE_NICENESS,
+            "tmp_size": "4g", "shm_size": "64m"}
+
+
+def sandboxed() -> bool:
+    """Whether compiles run in the sandbox here (Linux, root, and a test compile in it works); probed once."""
+    with _jail_lock:
+        if "on" not in _jail_state:
+            on, note = False, "compiles are not sandboxed: it needs Linux and root"
+            if sys.platform.startswith("linux") and os.geteuid() == 0:
+                on, note = _probe_jail()
+            _jail_state.update(on=on, note=note)
+        return bool(_jail_state["on"])
+
+
+def sandbox_note() -> str:
+    sandboxed()
+    return str(_jail_state["note"])
+
+
+def _probe_jail() -> tuple[bool, str]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kx-jail-probe-") as tmp:
+        lease = UidLease()
+        try:
+            spec = {"readonly": [], "writable": [tmp], "cwd": tmp, "uid": lease.uid}
+            cmd = [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(spec), "--", "true"]
+            os.chmod(tmp, 0o777)
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=jail.allowed_env())
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return False, f"compiles are not sandboxed: the sandbox does not start here ({exc})"
+        finally:
+            lease.release()
+    if res.returncode != 0:
+        return False, f"compiles are not sandboxed: the sandbox does not start here ({res.stderr.strip()[-300:]})"
+    return True, "compiles sandboxed (namespaces, minimal read-only root, leased uid)"
+
+
+def compile_env(env: dict[str, str] | None) -> dict[str, str]:
+    """The allow-listed environment, plus what the caller set itself (values not taken from ours)."""
+    if env is None:
+        return jail.allowed_env()
+    keep = jail.allowed_env(env)
+    keep.update({k: v for k, v in env.items() if os.environ.get(k) != v})
+    return keep
+
+
+def _lend_folder(cwd: Path, uid: int) -> None:
+    with _owners_lock:
+        entry = _owners.setdefault(cwd, [0, None])
+        if entry[0] == 0:
+            entry[1] = stat_mode = os.stat(cwd).st_mode & 0o7777
+            os.chmod(cwd, stat_mode | 0o777)
+        entry[0] += 1
+
+
+def _take_back_folder(cwd: Path, uid: int) -> None:
+    """What the compile wrote under its uid goes back to us; the folder's mode is restored after the last job."""
+    me_uid, me_gid = os.getuid(), os.getgid()
+    for dirpath, dirnames, filenames in os.walk(cwd):
+        for name in (*dirnames, *filenames):
+            path = os.path.join(dirpath, name)
+            try:
+                if os.lstat(path).st_uid == uid:
+                    os.lchown(path, me_uid, me_gid)
+            except OSError:
+                continue
+    with _owners_lock:
+        entry = _owners.get(cwd)
+        if entry is None:
+            return
+        entry[0] -= 1
+        if entry[0] == 0:
+            os.chmod(cwd, entry[1])
+            del _owners[cwd]
+
+
 class Group:
     """Jobs of one build, so that a failure on one side can stop the other side at once."""
 
@@ -96,13 +222,22 @@ class Job:
         self.start = time.monotonic()
         self.log_path = cwd / f".log-{os.getpid()}-{id(self)}"
         self._log = open(self.log_path, "w+b")
-        argv, preexec = _limited(self.argv, memory_limit_gb)
+        self.cwd = Path(cwd).resolve()
+        self._lease: UidLease | None = None
+        if sandboxed():
+            self._lease = UidLease()
+            _lend_folder(self.cwd, self._lease.uid)
+            spec = jail_spec(self.cwd, self._lease.uid, memory_limit_gb)
+            argv, preexec = [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(spec), "--", *self.argv], None
+        else:
+            argv, preexec = _limited(self.argv, memory_limit_gb)
         try:
             self.proc = subprocess.Popen(
                 argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                process_group=0, preexec_fn=preexec, env=env,
+                process_group=0, preexec_fn=preexec, env=compile_env(env),
             )
         except OSError as exc:
+            self._give_back()
             self._log.close()
             self.log_path.unlink(missing_ok=True)
             self.proc = None
@@ -118,6 +253,12 @@ class Job:
                 pass
             self.proc.wait()
 
+    def _give_back(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            _take_back_folder(self.cwd, self._lease.uid)
+            self._lease = None
+
     def wait(self) -> ProcResult:
         if self.proc is None:
             return ProcResult(self.argv, 127, self.spawn_error, 0.0)
@@ -132,6 +273,7 @@ class Job:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        self._give_back()
         self._log.seek(0)
         output = self._log.read().decode("utf-8", errors="replace")
         self._log.close()
