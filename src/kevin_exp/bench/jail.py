@@ -163,10 +163,33 @@ def _make_target(path: str, is_dir: bool) -> None:
 def _bind(b: _Bind, root: str) -> None:
     target = root + b.target
     _make_target(target, b.is_dir)
-    mount(f"/proc/self/fd/{b.fd}", target, None, MS_BIND)
+    # Recursive: a GPU container's driver libraries (libcuda.so.1 ...) are mounts of their own inside /usr/lib.
+    mount(f"/proc/self/fd/{b.fd}", target, None, MS_BIND | MS_REC)
     os.close(b.fd)
     if not b.writable:
         mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | _locked_flags(target))
+        _readonly_below(target)
+
+
+_MOUNT_SETATTR_NR = {"x86_64": 442, "aarch64": 442}
+_AT_RECURSIVE, _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID = 0x8000, 0x1, 0x2
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+def _readonly_below(target: str) -> None:
+    """Mounts under a read-only bind (the remount above covers only its top) become read-only too; on a kernel
+    without mount_setattr (before 5.12) they keep the flags the host gave them."""
+    nr = _MOUNT_SETATTR_NR.get(platform.machine())
+    if nr is None:
+        return
+    attr = _MountAttr(_MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, 0, 0, 0)
+    _libc.syscall.restype = ctypes.c_long
+    _libc.syscall(ctypes.c_long(nr), ctypes.c_int(-100), _b(target), ctypes.c_uint(_AT_RECURSIVE),
+                  ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
 
 
 def _link(root: str, link: str, target: str) -> None:
