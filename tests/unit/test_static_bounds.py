@@ -67,7 +67,8 @@ PATTERNS = _patterns()
 SEEDS = ["a", " ", "\n", "\t", ".", ":", "::", "<", ">", "(", ")", "{", ";", "a(", "f(", ".a<", "->a<", "a::", "at::",
          "a ", "a\n", "#", "#define a ", "# include <", "\\", "\\\n", '"', "'", "/*", "//", 'R"x(', "u8R\"(", "-",
          "_", "__", "Py", "PyObject", "cublas", "DispatchKey", "1'", "0x1'", "std ::", "system ", "??", "%:", "$",
-         "9", "a<b", "namespace a = ", "int 0x80 ", "-Wl,", "-O", "__a", "a_"]
+         "9", "a<b", "namespace a = ", "int 0x80 ", "-Wl,", "-O", "__a", "a_", "\\x", "\\1", "\\x1", "/", "/proc",
+         "a/dev", "cuGraph", "cuda", "cu", "PFN_", "_open", "__libc_", "setAllow", "omp_set_", "cupti", "Ipc"]
 SIZE = 60_000
 
 
@@ -86,7 +87,8 @@ def test_each_regex_is_linear_on_pathological_input(name: str, pattern: re.Patte
 
 def test_the_native_rules_are_linear_end_to_end() -> None:
     rules = dataclasses.replace(RULES, static_check_deadline_s=0)  # in this process: time the rules themselves
-    for seed in ["f(", ".a<", "at::", "a'", '"', "/*", "#define a b\n", "(", "a ", "py::", "using namespace a;"]:
+    for seed in ["f(", ".a<", "at::", "a'", '"', "/*", "#define a b\n", "(", "a ", "py::", "using namespace a;",
+                 '"/p" ', '"\\x2f', "using namespace at;native::", "globalContext ", "using namespace at::"]:
         text = seed * (SIZE // len(seed))
         start = time.perf_counter()
         check_native(ExtensionSpec(name="e", cpp_sources=(text,), functions=("f",)), "cpu", rules)

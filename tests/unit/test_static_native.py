@@ -12,7 +12,7 @@ from kevin_exp.bench.spec import ExtensionSpec
 
 RULES = CheckRules()
 SWITCH = {"unsafe_builtin": "restrict_imports", "native_library_compute": "no_native_library_compute",
-          "concurrency": "no_concurrency", "no_kernel": "require_kernel"}
+          "concurrency": "no_concurrency", "no_kernel": "require_kernel", "timing_patch": "no_timing_patch"}
 
 CPP = """
 #include <torch/extension.h>
@@ -100,6 +100,96 @@ ATTACKS = [
     ("include_next", "#include_next <cstdio>", "", "unsafe_builtin"),
     ("torch Python header", "#include <torch/csrc/autograd/python_variable.h>", "", "unsafe_builtin"),
     ("using namespace of another library", "using namespace c10d;", "", "unsafe_builtin"),
+    ("using namespace of another library, from the global scope", "using namespace ::c10d;", "", "unsafe_builtin"),
+    # CUDA driver/runtime functions fetched by name (like dlsym) or code loaded from text
+    ("cudaGetDriverEntryPoint", "", 'void* fn = nullptr; cudaGetDriverEntryPoint("cuStreamCreate", &fn, 0);',
+     "unsafe_builtin"),
+    ("cudaGetDriverEntryPointByVersion", "", 'void* fn; cudaGetDriverEntryPointByVersion("cuStreamCreate", &fn, 12000, 0);',
+     "unsafe_builtin"),
+    ("cuGetProcAddress_v2", "", 'void* fn; cuGetProcAddress_v2("cuStreamCreate", &fn, 12000, 0, nullptr);',
+     "unsafe_builtin"),
+    ("PFN typedef", "", "PFN_cuStreamCreate create = nullptr; (void)create;", "unsafe_builtin"),
+    ("export table", "", "const void* t; cudaGetExportTable(&t, nullptr);", "unsafe_builtin"),
+    ("module loaded from text", "", 'CUmodule m; cuModuleLoadData(&m, "ptx");', "unsafe_builtin"),
+    ("runtime compilation", "", "nvrtcProgram p; nvrtcCompileProgram(p, 0, nullptr);", "unsafe_builtin"),
+    # work outside the current stream
+    ("stream capture", "", "cudaStreamBeginCapture(0, cudaStreamCaptureModeGlobal);", "concurrency"),
+    ("graph launch", "", "cudaGraphExec_t g; cudaGraphLaunch(g, 0);", "concurrency"),
+    ("driver graph", "", "CUgraph g; cuGraphCreate(&g, 0);", "concurrency"),
+    ("stream callback", "", "cudaStreamAddCallback(0, nullptr, nullptr, 0);", "concurrency"),
+    ("host function", "", "cudaLaunchHostFunc(0, nullptr, nullptr);", "concurrency"),
+    ("per-thread default stream", "", "cudaStream_t s = cudaStreamPerThread; (void)s;", "concurrency"),
+    ("legacy default stream", "", "cudaStream_t s = cudaStreamLegacy; (void)s;", "concurrency"),
+    ("stream attribute", "", "cudaStreamSetAttribute(0, cudaStreamAttributeAccessPolicyWindow, nullptr);", "concurrency"),
+    ("launch with attributes", "", "cudaLaunchConfig_t c = {}; cudaLaunchKernelEx(&c, nullptr);", "concurrency"),
+    ("programmatic launch", "", "int a = cudaLaunchAttributeProgrammaticStreamSerialization; (void)a;", "concurrency"),
+    # state the timer relies on
+    ("persisting L2 limit", "", "cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 1 << 20);", "timing_patch"),
+    ("persisting L2 reset", "", "cudaCtxResetPersistingL2Cache();", "timing_patch"),
+    ("access policy window", "", "cudaAccessPolicyWindow w = {}; (void)w;", "timing_patch"),
+    ("device limit", "", "cudaDeviceSetLimit(cudaLimitStackSize, 1 << 16);", "timing_patch"),
+    ("CUPTI", "", "cuptiSubscribe(nullptr, nullptr, nullptr);", "timing_patch"),
+    ("NVML clocks", "", "nvmlDeviceSetGpuLockedClocks(nullptr, 210, 210);", "timing_patch"),
+    ("OpenMP thread count", "", "omp_set_num_threads(1);", "timing_patch"),
+    ("system clock", "", "clock_settime(0, nullptr);", "timing_patch"),
+    ("device-wide cache config", "", "cudaDeviceSetCacheConfig(cudaFuncCachePreferShared);", "timing_patch"),
+    ("multi-device launch", "", "cudaLaunchCooperativeKernelMultiDevice(nullptr, 2, 0);", "unsafe_builtin"),
+    # other devices, contexts, processes, mapped host memory
+    ("mapped host memory", "", "float* h; cudaHostAlloc(&h, 64, cudaHostAllocMapped);", "unsafe_builtin"),
+    ("pinned host memory", "", "float* h; cudaMallocHost(&h, 64);", "unsafe_builtin"),
+    ("host register", "", "cudaHostRegister(nullptr, 64, 0);", "unsafe_builtin"),
+    ("managed memory", "", "float* h; cudaMallocManaged(&h, 64);", "unsafe_builtin"),
+    ("IPC handle", "", "cudaIpcMemHandle_t h; cudaIpcGetMemHandle(&h, nullptr);", "unsafe_builtin"),
+    ("another device", "", "cudaSetDevice(1);", "unsafe_builtin"),
+    ("device reset", "", "cudaDeviceReset();", "unsafe_builtin"),
+    ("peer copy", "", "cudaMemcpyPeer(nullptr, 1, nullptr, 0, 64);", "unsafe_builtin"),
+    ("peer access", "", "cudaDeviceEnablePeerAccess(1, 0);", "unsafe_builtin"),
+    ("driver context", "", "CUcontext c; cuCtxCreate(&c, 0, 0);", "unsafe_builtin"),
+    # rewriting code or memory in place
+    ("pkey_mprotect", "", "pkey_mprotect(nullptr, 4096, 7, 0);", "unsafe_builtin"),
+    ("pkey_alloc", "", "int k = pkey_alloc(0, 0); (void)k;", "unsafe_builtin"),
+    ("mmap PROT_EXEC", "", "void* p = mmap(nullptr, 4096, 7, 0x22, -1, 0); (void)p;", "unsafe_builtin"),
+    ("memfd_create", "", 'int fd = memfd_create("x", 0); (void)fd;', "unsafe_builtin"),
+    ("process_vm_writev", "", "process_vm_writev(0, nullptr, 0, nullptr, 0, 0);", "unsafe_builtin"),
+    ("ptrace", "", "ptrace(0, 0, nullptr, nullptr);", "unsafe_builtin"),
+    ("madvise", "", "madvise(nullptr, 4096, 0);", "unsafe_builtin"),
+    ("dl_iterate_phdr", "", "dl_iterate_phdr(nullptr, nullptr);", "unsafe_builtin"),
+    ("getauxval", "", "unsigned long v = getauxval(33); (void)v;", "unsafe_builtin"),
+    ("prctl", "", "prctl(4, 0, 0, 0, 0);", "concurrency"),
+    ("prctl header", "#include <sys/prctl.h>", "", "concurrency"),
+    # files: path literals and opening anything
+    ("/proc/self/mem", "", 'const char* p = "/proc/self/mem"; (void)p;', "unsafe_builtin"),
+    ("path in adjacent pieces", "", 'const char* p = "a/pr" "oc/self/mem" + 1; (void)p;', "unsafe_builtin"),
+    ("path with hex escapes", "", 'const char* p = "a\\x2fproc\\x2fself/mem" + 1; (void)p;', "unsafe_builtin"),
+    ("path with octal escapes", "", 'const char* p = "a\\057dev\\057shm" + 1; (void)p;', "unsafe_builtin"),
+    ("absolute path", "", 'const char* p = "/tmp/cache"; (void)p;', "unsafe_builtin"),
+    ("/sys path", "", 'const char* p = u8"x/sys" + 1; (void)p;', "unsafe_builtin"),
+    ("open", "", "int fd = open(p0, 2); (void)fd;", "unsafe_builtin"),
+    ("openat", "", "int fd = openat(-100, p0, 2); (void)fd;", "unsafe_builtin"),
+    ("libc-internal open", "", "int fd = __open_2(p0, 2); (void)fd;", "unsafe_builtin"),
+    ("fopen", "", 'auto* f = fopen(p0, "r+"); (void)f;', "unsafe_builtin"),
+    ("std::ifstream", "", "std::ifstream f(p0);", "unsafe_builtin"),
+    ("std::ofstream", "", "std::ofstream f(p0);", "unsafe_builtin"),
+    ("std::filesystem", "", "auto e = std::filesystem::exists(p0); (void)e;", "unsafe_builtin"),
+    ("fstream header", "#include <fstream>", "", "unsafe_builtin"),
+    ("fcntl header", "#include <fcntl.h>", "", "unsafe_builtin"),
+    # names banned qualified are banned unqualified too
+    ("globalContext after using namespace at", "using namespace at;", "globalContext().setAllowTF32CuBLAS(true);",
+     "native_library_compute"),
+    ("globalContext from the global scope", "using namespace at;", "::globalContext();", "native_library_compute"),
+    ("context setter on any receiver", "", "auto& c = *reinterpret_cast<int*>(0); c.setBenchmarkCuDNN(true);",
+     "native_library_compute"),
+    ("thread count after using namespace at", "using namespace at;", "set_num_threads(1);", "native_library_compute"),
+    ("ATen sub-namespace after using namespace at", "using namespace at;", "auto y = native::mm(xc, xc);",
+     "native_library_compute"),
+    ("torch nn after using namespace torch", "using namespace torch;", "auto y = nn::functional::relu(xc);",
+     "native_library_compute"),
+    ("ATen sub-namespace from the global scope", "using namespace at;", "auto y = ::native::mm(xc, xc);",
+     "native_library_compute"),
+    ("using namespace at::native", "using namespace at::native;", "", "native_library_compute"),
+    ("using namespace below at::cuda", "using namespace at::cuda::detail;", "", "native_library_compute"),
+    ("compute op after using namespace through an alias", "namespace A = at;\nusing namespace at;",
+     "auto y = matmul(xc, xc);", "native_library_compute"),
 ]
 
 
@@ -128,6 +218,15 @@ HONEST = [
     ("templates and numeric_limits", "", "float lo = std::numeric_limits<float>::lowest(); (void)lo;"),
     ("decltype qualified", "", "using T = decltype(xc.numel()); T n = 0; (void)n;"),
     ("ATen allocation", "", "auto z = at::zeros({2}, xc.options()); (void)z;"),
+    ("messages with slashes", "", 'TORCH_CHECK(xc.dim() > 0, "weight/bias and mean/dev must match: ", "a/b");'),
+    ("write to a descriptor", "#include <unistd.h>", 'if (xc.numel() < 0) { write(2, "x", 1); }'),
+    ("names that contain banned words", "", "int open_count = 0, dev = 1, sys_n = 2, mmap_ok = 3; (void)open_count; "
+     "(void)dev; (void)sys_n; (void)mmap_ok;"),
+    ("using namespace at and torch::indexing", "using namespace at;\nusing namespace torch::indexing;",
+     "auto z = empty_like(xc); (void)z;"),
+    ("own function named like a context method", "static void setup(int) {}", "setup(1);"),
+    ("using namespace c10::cuda, then cuda::", "using namespace c10::cuda;",
+     "auto st = cuda::getCurrentCUDAStream(); auto z = std::numeric_limits<float>::max(); (void)st; (void)z;"),
 ]
 
 
@@ -161,3 +260,54 @@ def test_stripping_reads_literals_as_the_compiler_does() -> None:
     stripped = strip_native(code)
     assert "f()" in stripped and "g()" in stripped and "h()" in stripped
     assert strip_native('R"x(at::mm)x" u8R"(a)" LR"(b)"').count('""') == 3
+
+
+def test_cuda_runtime_calls_an_honest_kernel_uses_pass() -> None:
+    cuda = """
+#include <torch/extension.h>
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <ATen/cuda/CUDAContext.h>
+using namespace at;
+__global__ void k(const float* x, float* y, int n) {
+    extern __shared__ float tile[];
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { tile[threadIdx.x] = x[i]; y[i] = tile[threadIdx.x]; }
+}
+torch::Tensor f(torch::Tensor x) {
+    TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor");
+    auto y = torch::empty_like(x);
+    int dev = 0, blocks = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, dev);
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024);
+    cudaFuncSetCacheConfig(k, cudaFuncCachePreferShared);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, 256, 1024);
+    cudaStream_t stream = cuda::getCurrentCUDAStream();
+    float* scratch = nullptr;
+    cudaMallocAsync(&scratch, 64, stream);
+    cudaMemcpyAsync(scratch, x.data_ptr<float>(), 64, cudaMemcpyDeviceToDevice, stream);
+    cudaFreeAsync(scratch, stream);
+    cudaEvent_t e;
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    int n = x.numel();
+    k<<<(n + 255) / 256, 256, 1024, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    cudaEventRecord(e, stream);
+    cudaEventSynchronize(e);
+    cudaEventDestroy(e);
+    cudaError_t err = cudaGetLastError();
+    TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err));
+    cudaStreamSynchronize(stream);
+    return y;
+}
+"""
+    s = ExtensionSpec(name="e", cpp_sources=("torch::Tensor f(torch::Tensor x);",), cuda_sources=(cuda,), functions=("f",))
+    assert check_native(s, "cuda", RULES) == []
+
+
+def test_path_pieces_built_at_run_time_are_not_judged_but_cannot_be_opened() -> None:
+    """A path spelt as characters passes the literal rule (documented); every way to open it is refused."""
+    chars = "const char p1[] = {'/', 'p', 'r', 'o', 'c', 0};"
+    assert "unsafe_builtin" not in rules_of(spec(chars))
+    assert "unsafe_builtin" in rules_of(spec(chars, "auto* f = fopen(p1, \"r\"); (void)f;"))

@@ -24,7 +24,6 @@ _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"\n]+)[>"]', re.M)
 _ROOTS = ("at", "aten", "torch", "c10", "caffe2")
 _NS_ALIAS = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+((?:::)?\w+(?:\s*::\s*\w+)*)[ \t]*$|"
                        r"\bnamespace\s+(\w+)\s*=\s*((?:::)?\w+(?:\s*::\s*\w+)*)\s*;", re.M)
-_USING_NS = re.compile(r"\busing\s+namespace\s+(?:::)?(at|aten|torch)\b")
 _TEMPLATE_ARGS = r"(?:<[^;(){}]{0,256}>)?"
 _METHOD_CALL = re.compile(rf"(?:\.|->)\s*(\w+)\s*{_TEMPLATE_ARGS}\s*\(")
 _BARE_CALL = re.compile(rf"(?<![\w.:>])(\w+)\s*{_TEMPLATE_ARGS}\s*\(")
@@ -101,7 +100,69 @@ _PY_INFIX = ("PyObject", "PyInterpreter")  # SafePyObject, c10::impl::PyInterpre
 _UNSAFE_IDENTS = words("""module_ reinterpret_borrow reinterpret_steal gil_scoped_acquire gil_scoped_release
     eval_file exec eval globals dlopen dlmopen dlsym dlvsym system popen execl execlp execle execv execvp execvpe execve fexecve
     syscall ptrace mprotect process_vm_writev process_vm_readv""")
-_CONCURRENCY_IDENTS = words("fork vfork pthread_create thrd_create posix_spawn posix_spawnp clone3")
+# Rewriting code or memory in place (libc's clock_gettime made to run slow), finding libraries' code, and
+# system-level process state: no kernel needs them.
+_MEMORY_IDENTS = words("""pkey_mprotect pkey_alloc pkey_free pkey_set pkey_get mmap mmap64 munmap mremap madvise
+    posix_madvise mlock mlock2 munlock mlockall munlockall remap_file_pages memfd_create memfd_secret userfaultfd
+    PROT_EXEC PROT_WRITE MAP_FIXED arch_prctl personality seccomp perf_event_open dl_iterate_phdr getauxval dladdr
+    dlinfo _r_debug link_map""")
+# Files: an honest kernel never opens one (and /proc/self/mem is writable code).
+_FILE_IDENTS = words("""open open64 openat openat64 openat2 creat creat64 fopen fopen64 freopen freopen64 fdopen
+    opendir fdopendir scandir open_by_handle_at name_to_handle_at shm_open sem_open mq_open mkfifo mkfifoat mknod
+    mknodat mkstemp mkstemps mkostemp mkostemps mkdtemp tmpnam tempnam chdir fchdir chroot mount umount umount2
+    pivot_root unlink unlinkat rename renameat renameat2 symlink symlinkat linkat readlink readlinkat realpath
+    truncate truncate64 socket socketpair ioctl inotify_init inotify_init1 inotify_add_watch fanotify_init
+    fanotify_mark ifstream ofstream fstream filebuf basic_ifstream basic_ofstream basic_fstream basic_filebuf
+    wifstream wofstream wfstream filesystem""")
+_LIBC_OPEN = re.compile(r"_{1,2}(?:libc_)?(?:open|openat|fopen|creat)\w*+")  # __open_2, __libc_open64, ...
+_CONCURRENCY_IDENTS = words("fork vfork pthread_create thrd_create posix_spawn posix_spawnp clone3 prctl")
+# CUDA runtime/driver API an honest single-kernel candidate never needs, by what it would be used for:
+# functions fetched by name (like dlsym: the name is a string, hidden from these checks) and code loaded
+# from text, ...
+_CUDA_BY_NAME = re.compile(r"cu(?:da)?GetDriverEntryPoint\w*+|cuGetProcAddress\w*+|cu(?:da)?GetExportTable\w*+|"
+                           r"PFN_\w++|cu(?:da)?Library\w*+|cuModule\w*+|cuLink\w*+|nvrtc\w*+|nvJitLink\w*+")
+# ... another device, context, process or host memory (work or data the timer does not see), ...
+_CUDA_ELSEWHERE = re.compile(
+    r"cudaSetDevice\w*+|cudaSetValidDevices|cudaDeviceReset|cudaThreadExit|cuDevicePrimaryCtx\w*+|"
+    r"cuCtx(?:Create|Destroy|SetCurrent|PushCurrent|PopCurrent|SetFlags|EnablePeerAccess)\w*+|"
+    r"cu(?:da)?DeviceEnablePeerAccess|cu(?:da)?Memcpy(?:3D)?Peer\w*+|cu(?:da)?Ipc\w*+|CUipc\w*+|"
+    r"cu(?:da)?MallocHost|cu(?:da)?HostAlloc\w*+|cu(?:da)?HostRegister\w*+|cu(?:da)?HostGetDevicePointer\w*+|"
+    r"cuMem(?:AllocHost|HostAlloc|HostRegister|HostGetDevicePointer|AllocManaged)\w*+|cudaMallocManaged|"
+    r"cu(?:da)?(?:Import|Destroy)External\w*+|cu(?:da)?(?:Signal|Wait)External\w*+|cudaExternal\w*+|"
+    r"CUexternal\w*+|cuMem(?:Export|Import)\w*+|cu(?:da)?LaunchCooperativeKernelMultiDevice")
+# ... work outside the current stream (graphs, capture, host callbacks, the default streams' handles, launch
+# attributes, which can carry another stream or an overlapping launch as plain numbers), ...
+_CUDA_CONCURRENCY = re.compile(
+    r"cu(?:da)?Graph\w*+|CUgraph\w*+|cu(?:da)?Stream(?:BeginCapture|EndCapture|IsCapturing|GetCaptureInfo|"
+    r"UpdateCaptureDependencies|SetAttribute|CopyAttributes|AddCallback|AttachMemAsync|WaitValue|WriteValue|"
+    r"BatchMemOp)\w*+|cu(?:da)?ThreadExchangeStreamCaptureMode|cu(?:da)?LaunchHostFunc|cudaStreamPerThread|"
+    r"cudaStreamLegacy|CU_STREAM_(?:PER_THREAD|LEGACY)|cu(?:da)?LaunchKernelEx\w*+|cudaLaunchAttribute\w*+|"
+    r"CUlaunchAttribute\w*+|CU_LAUNCH_ATTRIBUTE\w*+|cudaLaunchConfig\w*+|CUlaunchConfig\w*+|cu(?:da)?UserObject\w*+")
+_CUDA_CONCURRENCY_INFIX = ("Programmatic", "PROGRAMMATIC")
+# ... and state the timer relies on: L2 persistence survives the cache flush between trials, device limits,
+# profiler callbacks (CUPTI), clocks (NVML), thread counts the reference runs with, the system clock.
+_TIMING = re.compile(r"cu(?:da)?DeviceSetLimit|cuCtxSetLimit|cudaThreadSetLimit|cu(?:da)?CtxResetPersistingL2Cache|"
+                     r"cudaDeviceSet(?:CacheConfig|SharedMemConfig)|cuCtxSet(?:CacheConfig|SharedMemConfig)|"
+                     r"(?i:cupti)\w*+|nvml\w*+|omp_set_\w++|clock_settime|settimeofday|adjtimex|clock_adjtime")
+_TIMING_INFIX = ("AccessPolicyWindow", "ACCESS_POLICY_WINDOW", "PersistingL2", "PERSISTING_L2", "AccessProperty",
+                 "ACCESS_PROPERTY")
+# ATen names that change how the reference runs (TF32, cuDNN benchmark, thread counts, allocators, hooks):
+# refused also unqualified (after `using namespace at`, or as methods of the context), whatever precedes them.
+_ATEN_DISTINCTIVE = words("""globalContext getCUDAHooks getCPUAllocator SetCPUAllocator SetAllocator
+    getCUDADeviceAllocator set_num_threads set_num_interop_threads init_num_threads getCurrentCUDABlasHandle
+    getCurrentCUDABlasLtHandle getCurrentCUDASolverDnHandle getCurrentCUDASparseHandle""")
+_CONTEXT_SETTER = re.compile(r"set(?:Allow|Float32|Benchmark|Deterministic|UserEnabled|SDP|Flush|Linalg|Blas|"
+                             r"QEngine|DisplayVmap|CheckSparse|ROCm|DefaultMobileCPU)\w*+")
+# sub-namespaces of at/torch/c10 that `using namespace` may bring in (others bring ATen internals unqualified)
+_USING_SUB_OK = words("cuda indexing")
+# heads of qualified names that resolve into ATen after `using namespace at` (judged as at::head::...)
+_ATEN_SUBNAMESPACES = words("""native detail _ops impl nn functional autograd jit cuda blas cpu meta functorch ops
+    library autocast profiler utils sparse fft linalg special nested api data optim serialize internal vec
+    xpu mps hip cudnn miopen mkldnn""")
+# string literals (adjacent ones joined, escapes decoded) that name a path: absolute, or /proc /sys /dev
+_PATH_LITERAL = re.compile(r"^/|/(?:proc|sys|dev)(?![^/])")
+_ESCAPE = re.compile(r"\\(?:x[0-9A-Fa-f]++|[0-7]{1,3}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.)", re.S)
+_SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
 _ASM = words("asm __asm__ __asm")
 _ASM_TRAP = re.compile(r"(?i)\b(?:syscall|sysenter|svc)\b|\bint\s*\$?0x80\b")
 # `int f(const char*) asm("system");` binds a declaration to any symbol: an asm template that is only a name
@@ -113,8 +174,11 @@ _SYMBOL_ATTRS = words("weakref __weakref__ alias __alias__ ifunc __ifunc__ symve
 _NAMESPACES_OK = words("std at torch c10 cooperative_groups cg nvcuda wmma cuda cub")
 _INCLUDE_DENY = re.compile(
     r"(?i)^(?:python\.h|pybind11/|torch/python\.h|torch/csrc/|frameobject\.h|dlfcn\.h|link\.h|spawn\.h|"
-    r"sys/syscall\.h|syscall\.h|sys/ptrace\.h|sys/mman\.h)")
-_INCLUDE_CONCURRENCY = re.compile(r"^(?:thread|future|pthread\.h|threads\.h|stop_token|execution)$")
+    r"sys/syscall\.h|syscall\.h|sys/ptrace\.h|sys/mman\.h|fstream|filesystem|fcntl\.h|sys/fcntl\.h|dirent\.h|"
+    r"sys/socket\.h|sys/un\.h|sys/ioctl\.h|sys/inotify\.h|sys/fanotify\.h|sys/mount\.h|sys/auxv\.h|sys/uio\.h|"
+    r"sys/personality\.h|sys/time\.h|sys/timex\.h|linux/|asm/|cupti|nvml|nvrtc|nvjitlink|cudatypedefs\.h|"
+    r"cudagl|cudaegl|cuda_gl|cuda_egl)")
+_INCLUDE_CONCURRENCY = re.compile(r"^(?:thread|future|pthread\.h|threads\.h|stop_token|execution|sys/prctl\.h)$")
 _INCLUDE_PATH = re.compile(r"[\w+\-][\w./+\-]{0,200}")
 _DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(\w*)[^\n]*", re.M)
 _MAX_REPORTED = 20  # violations per extension (the verdict shows the first five)
@@ -163,17 +227,21 @@ def native_violations(spec: ExtensionSpec, backend: str, rules: CheckRules) -> l
         parts = re.split(r"\s*::\s*", target.lstrip(":"))
         if parts[0] in _ROOTS:
             aliases[alias] = parts
-    bare = _USING_NS.search(everything) is not None
     defined: set[str] | None = None
     own_namespaces = {src.tokens[i + 1] for _, src in parsed for i in range(len(src.tokens) - 2)
                       if src.tokens[i] == "namespace" and src.tokens[i + 2] == "{"}
+    # distinct paths, a few at most (others are refused anyway): each chain head is judged against each
+    using = [list(p) for p in dict.fromkeys(tuple(path) for _, src in parsed
+                                            for path in _using_namespaces(src.tokens, aliases))][:16]
+    bare = bool(using)
     for (label, with_strings, code), (_, src) in zip(sources, parsed):
         def where(pos: int, label: str = label, code: str = code) -> tuple[str, str, int]:
             return label, code, pos
 
         _check_includes(label, with_strings, add)
         _check_hiding(src, where, add)
-        _check_identifiers(src, aliases, own_namespaces, where, add)
+        _check_identifiers(src, aliases, own_namespaces, using, where, add)
+        _check_path_literals(src, where, add)
         for m in _METHOD_CALL.finditer(code):
             if m.group(1) in _NATIVE_METHOD_DENY:
                 add("native_library_compute", where(m.start()), "." + m.group(1),
@@ -248,10 +316,70 @@ def _check_hiding(src: NativeSource, where: Callable[[int], tuple[str, str, int]
             "(write plain string literals, #include and identifiers)")
 
 
+def _using_namespaces(toks: list[str], aliases: dict[str, list[str]]) -> list[list[str]]:
+    """The ATen paths that `using namespace X[::Y...]` brings into scope (X an ATen root or an alias of one)."""
+    out = []
+    for i in range(len(toks) - 2):
+        if toks[i] == "using" and toks[i + 1] == "namespace":
+            j = i + 2 + (toks[i + 2] == "::")
+            if j < len(toks) and toks[j] in aliases:
+                path = list(aliases[toks[j]])
+                while j + 2 < len(toks) and toks[j + 1] == "::" and is_word(toks[j + 2]):
+                    path.append(toks[j + 2])
+                    j += 2
+                out.append(path)
+    return out
+
+
+def _decode_literal(literal: str) -> str | None:
+    """A string literal's value (escapes decoded); None for a character literal."""
+    quote = min((i for i in (literal.find('"'), literal.find("'")) if i >= 0), default=-1)
+    if quote < 0 or literal[quote] != '"':
+        return None
+    body = literal[quote + 1:]
+    body = body[:-1] if body.endswith('"') else body
+
+    def one(m: re.Match[str]) -> str:
+        e = m.group(0)[1:]
+        if e[0] in "xuU" and len(e) > 1:
+            return chr(min(int(e[1:], 16), 0x10FFFF))
+        if e[0] in "01234567":
+            return chr(int(e, 8))
+        return _SIMPLE_ESCAPES.get(e, e)
+
+    return _ESCAPE.sub(one, body)
+
+
+def _check_path_literals(src: NativeSource, where: Callable[[int], tuple[str, str, int]],
+                         add: Callable[..., None]) -> None:
+    """String literals, adjacent ones joined as the compiler joins them, that name a file-system path."""
+    toks, n = src.tokens, len(src.tokens)
+    j = 0
+    while j < n:
+        if toks[j] != '"' or src.positions[j] not in src.string_at:
+            j += 1
+            continue
+        start, parts = j, []
+        while j + 1 < n and toks[j] == '"' and src.positions[j] in src.string_at:
+            value = _decode_literal(src.string_at[src.positions[j]])
+            if value is None:
+                break
+            parts.append(value)
+            j += 2
+        j = max(j, start + 1)
+        text = "".join(parts)
+        if _PATH_LITERAL.search(text):
+            shown = text[:60].encode("unicode_escape").decode()
+            add("unsafe_builtin", where(src.positions[start]), "path " + shown, f"the string \"{shown}\" names a "
+                "file-system path (absolute, /proc, /sys or /dev); native code may not reach files")
+
+
 def _check_identifiers(src: NativeSource, aliases: dict[str, list[str]], own_namespaces: set[str],
-                       where: Callable[[int], tuple[str, str, int]], add: Callable[..., None]) -> None:
-    """One pass over the identifier tokens: qualified ATen/torch names, banned identifiers, namespace
-    aliases and `using namespace`, `py::`, and namespace roots used other than as `root::`."""
+                       using: list[list[str]], where: Callable[[int], tuple[str, str, int]],
+                       add: Callable[..., None]) -> None:
+    """One pass over the identifier tokens: qualified ATen/torch names (also through `using namespace`),
+    banned identifiers, namespace aliases and `using namespace`, `py::`, and namespace roots used other than
+    as `root::`."""
     toks = src.tokens
     n = len(toks)
     directives = _Directives(src.code)
@@ -276,22 +404,70 @@ def _check_identifiers(src: NativeSource, aliases: dict[str, list[str]], own_nam
         if _PY_IDENT.fullmatch(word) or word in _UNSAFE_IDENTS or any(p in word for p in _PY_INFIX):
             add("unsafe_builtin", where(at), word, f"{word} reaches Python objects, dynamic loading, processes "
                 "or memory tricks from native code; not allowed (bind functions with load_inline(functions=[...]))")
+        elif word in _MEMORY_IDENTS:
+            add("unsafe_builtin", where(at), word, f"{word} changes memory protection or mappings, or finds "
+                "libraries' code (rewriting code in place, e.g. the clock); not allowed")
+        elif word in _FILE_IDENTS or _LIBC_OPEN.fullmatch(word):
+            add("unsafe_builtin", where(at), word, f"{word} opens or manipulates files, sockets or devices; native "
+                "code may not reach files")
         elif word in _CONCURRENCY_IDENTS:
-            add("concurrency", where(at), word, f"{word} creates threads or processes; {SYNC_RULE}")
+            add("concurrency", where(at), word, f"{word} creates or controls threads or processes; {SYNC_RULE}")
+        elif _CUDA_BY_NAME.fullmatch(word):
+            add("unsafe_builtin", where(at), word, f"{word} fetches or loads driver/runtime code by name (like dlsym, "
+                "it hides the call from these checks); not allowed")
+        elif _CUDA_ELSEWHERE.fullmatch(word):
+            add("unsafe_builtin", where(at), word, f"{word} reaches another device, context, process or mapped host "
+                "memory (work the timer does not see); not allowed")
+        elif _CUDA_CONCURRENCY.fullmatch(word) or any(p in word for p in _CUDA_CONCURRENCY_INFIX):
+            add("concurrency", where(at), word, f"{word} runs work outside the current stream (graphs, capture, "
+                f"host callbacks, other streams, launch attributes); {SYNC_RULE}")
+        elif _TIMING.fullmatch(word) or any(p in word for p in _TIMING_INFIX):
+            add("timing_patch", where(at), word, f"{word} changes state the timer relies on (L2 persistence across "
+                "the cache flush, device limits, profiler callbacks, clocks, thread counts); not allowed")
+        elif _CONTEXT_SETTER.fullmatch(word) or (word in _ATEN_DISTINCTIVE and prev not in (".", "->")
+                                                  and i > chain_end):
+            add("native_library_compute", where(at), word, f"{word} changes how ATen (and the reference) runs: "
+                f"global context, thread counts, allocators, library handles; {KERNEL_RULE}")
         elif word == "py" and (nxt == "::" or prev == "namespace" or (prev == "=" and i >= 3 and toks[i - 3] == "namespace")
                                or directives.at(at) == "define"):
             add("unsafe_builtin", where(at), "py::", "py:: (pybind11) manipulates Python objects from native "
                 "code; not allowed (bind functions with load_inline(functions=[...]))")
-        if word == "namespace" and prev == "using" and nxt not in _NAMESPACES_OK and nxt not in own_namespaces \
-                and nxt != "::":
-            add("unsafe_builtin", where(at), f"using namespace {nxt}", f"`using namespace {nxt}` is not allowed "
-                f"(only {', '.join(sorted(_NAMESPACES_OK))} or the sources' own namespaces)")
+        if word == "namespace" and prev == "using":
+            head = toks[i + 2] if nxt == "::" and i + 2 < n else nxt
+            if head not in _NAMESPACES_OK and head not in own_namespaces:
+                add("unsafe_builtin", where(at), f"using namespace {head}", f"`using namespace {head}` is not allowed "
+                    f"(only {', '.join(sorted(_NAMESPACES_OK))} or the sources' own namespaces)")
+            elif head in aliases:
+                k = i + 1 + (nxt == "::")
+                path = list(aliases[head])
+                while k + 2 < n and toks[k + 1] == "::" and is_word(toks[k + 2]):
+                    path.append(toks[k + 2])
+                    k += 2
+                if len(path) > 2 or (len(path) == 2 and path[1] not in _USING_SUB_OK):
+                    name = "::".join(path)
+                    add("native_library_compute", where(at), f"using namespace {name}", f"`using namespace {name}` "
+                        f"brings ATen internals into scope unqualified (only {', '.join(sorted(_USING_SUB_OK))} "
+                        f"below at/torch/c10); {KERNEL_RULE}")
         if word == "namespace" and i + 3 < n and toks[i + 2] == "=":
             target = toks[i + 3] if toks[i + 3] != "::" else (toks[i + 4] if i + 4 < n else "")
             if target not in _NAMESPACES_OK and target not in own_namespaces:
                 add("unsafe_builtin", where(at), f"namespace = {target}", f"namespace alias of {target} is not "
                     f"allowed (only {', '.join(sorted(_NAMESPACES_OK))})")
-        if word in aliases and prev not in (".", "->") and i > chain_end:
+        via_using = (using and nxt == "::" and word in _ATEN_SUBNAMESPACES and word not in own_namespaces
+                     and word not in aliases and prev not in (".", "->") and i > chain_end
+                     and (prev != "::" or i < 2 or not (is_word(toks[i - 2]) or toks[i - 2] == ">")))
+        if via_using:  # `native::mm` after `using namespace at` is at::native::mm
+            rest, j = [word], i + 1
+            while j + 1 < n and toks[j] == "::" and is_word(toks[j + 1]):
+                rest.append(toks[j + 1])
+                j += 2
+            for path in (p for p in using if p[-1] != word):  # (at::cuda::cuda is not meant)
+                found = _native_path(path[0], [*path[1:], *rest])
+                if found:
+                    add(found[0], where(at), "::".join([*path, *rest]), found[1] + " (through `using namespace`)")
+                    break
+            chain_end = j - 1
+        elif word in aliases and prev not in (".", "->") and i > chain_end:
             if nxt == "::":
                 parts, j = list(aliases[word]), i + 1
                 while j + 1 < n and toks[j] == "::" and is_word(toks[j + 1]):
