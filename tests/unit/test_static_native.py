@@ -187,6 +187,7 @@ ATTACKS = [
     ("ATen sub-namespace from the global scope", "using namespace at;", "auto y = ::native::mm(xc, xc);",
      "native_library_compute"),
     ("using namespace at::native", "using namespace at::native;", "", "native_library_compute"),
+    ("compute op by argument-dependent lookup", "", "auto y = matmul(xc, xc);", "native_library_compute"),
     ("using namespace below at::cuda", "using namespace at::cuda::detail;", "", "native_library_compute"),
     ("compute op after using namespace through an alias", "namespace A = at;\nusing namespace at;",
      "auto y = matmul(xc, xc);", "native_library_compute"),
@@ -225,6 +226,8 @@ HONEST = [
     ("using namespace at and torch::indexing", "using namespace at;\nusing namespace torch::indexing;",
      "auto z = empty_like(xc); (void)z;"),
     ("own function named like a context method", "static void setup(int) {}", "setup(1);"),
+    ("own helpers named like ATen ops", "static inline float relu(float v) { return v > 0.f ? v : 0.f; }",
+     "auto gelu = [](float v) { return v; }; float r = relu(gelu(1.f)); (void)r;"),
     ("using namespace c10::cuda, then cuda::", "using namespace c10::cuda;",
      "auto st = cuda::getCurrentCUDAStream(); auto z = std::numeric_limits<float>::max(); (void)st; (void)z;"),
 ]

@@ -57,7 +57,8 @@ NATIVE_ALLOWED_PATHS = words("""cuda::getCurrentCUDAStream cuda::getDefaultCUDAS
     cuda::OptionalCUDAGuard cuda::CUDAStream cuda::getCurrentDeviceProperties cuda::getDeviceProperties
     cuda::current_device cuda::device_count cuda::warp_size vec::Vectorized internal::GRAIN_SIZE""")
 _NATIVE_METHOD_DENY = TENSOR_COMPUTE_METHODS - words("any all numpy apply_ map_ map2_")
-# Called unqualified only after `using namespace at/torch`; C math names (exp, max, ...) are excluded.
+# ATen ops refused when called unqualified (argument-dependent lookup or `using namespace` resolve them to
+# at::); C math names (exp, max, ...) are excluded.
 _BARE_DENY = words("""matmul mm bmm addmm baddbmm einsum conv1d conv2d conv3d conv_transpose1d conv_transpose2d
     conv_transpose3d linear softmax log_softmax layer_norm batch_norm group_norm instance_norm max_pool1d
     max_pool2d max_pool3d avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool2d relu gelu silu mish hardtanh
@@ -233,7 +234,6 @@ def native_violations(spec: ExtensionSpec, backend: str, rules: CheckRules) -> l
     # distinct paths, a few at most (others are refused anyway): each chain head is judged against each
     using = [list(p) for p in dict.fromkeys(tuple(path) for _, src in parsed
                                             for path in _using_namespaces(src.tokens, aliases))][:16]
-    bare = bool(using)
     for (label, with_strings, code), (_, src) in zip(sources, parsed):
         def where(pos: int, label: str = label, code: str = code) -> tuple[str, str, int]:
             return label, code, pos
@@ -246,14 +246,17 @@ def native_violations(spec: ExtensionSpec, backend: str, rules: CheckRules) -> l
             if m.group(1) in _NATIVE_METHOD_DENY:
                 add("native_library_compute", where(m.start()), "." + m.group(1),
                     f".{m.group(1)}() is an ATen tensor compute method; {KERNEL_RULE}")
-        if bare:
-            for m in _BARE_CALL.finditer(code):
-                if m.group(1) in _BARE_DENY:
-                    if defined is None:
-                        defined = {fn for _, s in parsed for fn in defined_functions(s.tokens)}
-                    if m.group(1) not in defined:
-                        add("native_library_compute", where(m.start()), m.group(1), f"{m.group(1)}() resolves to "
-                            f"an ATen op through `using namespace`; {KERNEL_RULE}")
+        # `matmul(xc, xc)` resolves to at::matmul by argument-dependent lookup (xc is an at::Tensor), with or
+        # without `using namespace at`: compute-op names are refused unqualified unless the sources define them
+        for m in _BARE_CALL.finditer(code):
+            if m.group(1) in _BARE_DENY:
+                if defined is None:
+                    defined = {fn for _, s in parsed for fn in defined_functions(s.tokens)}
+                    defined |= {s.tokens[k] for _, s in parsed for k in range(len(s.tokens) - 2)
+                                if s.tokens[k + 1] == "=" and s.tokens[k + 2] != "=" and is_word(s.tokens[k])}
+                if m.group(1) not in defined:
+                    add("native_library_compute", where(m.start()), m.group(1), f"{m.group(1)}() resolves to an "
+                        f"ATen op (argument-dependent lookup on a tensor, or `using namespace`); {KERNEL_RULE}")
         for m in _VENDOR.finditer(code):
             token = re.sub(r"\s+", "", m.group(0))
             add("native_library_compute", where(m.start()), token, f"{token} is a vendor library (cuBLAS/cuDNN/"
