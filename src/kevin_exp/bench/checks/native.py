@@ -100,13 +100,13 @@ _PY_IDENT = re.compile(r"(?:Py[A-Z_]|_Py|THP|PYBIND11_|PYTHON_)\w*+|pybind11\b")
 _PY_INFIX = ("PyObject", "PyInterpreter")  # SafePyObject, c10::impl::PyInterpreter, ...
 _UNSAFE_IDENTS = words("""module_ reinterpret_borrow reinterpret_steal gil_scoped_acquire gil_scoped_release
     eval_file exec eval globals dlopen dlmopen dlsym dlvsym system popen execl execlp execle execv execvp execvpe execve fexecve
-    syscall ptrace mprotect process_vm_writev process_vm_readv""")
+    execveat    syscall ptrace mprotect process_vm_writev process_vm_readv""")
 # Rewriting code or memory in place (libc's clock_gettime made to run slow), finding libraries' code, and
 # system-level process state: no kernel needs them.
 _MEMORY_IDENTS = words("""pkey_mprotect pkey_alloc pkey_free pkey_set pkey_get mmap mmap64 munmap mremap madvise
     posix_madvise mlock mlock2 munlock mlockall munlockall remap_file_pages memfd_create memfd_secret userfaultfd
     PROT_EXEC PROT_WRITE MAP_FIXED arch_prctl personality seccomp perf_event_open dl_iterate_phdr getauxval dladdr
-    dlinfo _r_debug link_map""")
+    dlinfo _r_debug link_map dl_sym dl_vsym dl_open dlopen_mode""")
 # Files: an honest kernel never opens one (and /proc/self/mem is writable code).
 _FILE_IDENTS = words("""open open64 openat openat64 openat2 creat creat64 fopen fopen64 freopen freopen64 fdopen
     opendir fdopendir scandir open_by_handle_at name_to_handle_at shm_open sem_open mq_open mkfifo mkfifoat mknod
@@ -115,7 +115,10 @@ _FILE_IDENTS = words("""open open64 openat openat64 openat2 creat creat64 fopen 
     truncate truncate64 socket socketpair ioctl inotify_init inotify_init1 inotify_add_watch fanotify_init
     fanotify_mark ifstream ofstream fstream filebuf basic_ifstream basic_ofstream basic_fstream basic_filebuf
     wifstream wofstream wfstream filesystem""")
-_LIBC_OPEN = re.compile(r"_{1,2}(?:libc_)?(?:open|openat|fopen|creat)\w*+")  # __open_2, __libc_open64, ...
+_LIBC_OPEN = re.compile(r"_{1,2}(?:libc_)?(?:open|openat|fopen|creat)\w*+|_IO_\w++")  # __open_2, _IO_new_fopen, ...
+# libc's internal aliases of the names above (`__mmap`, `__libc_dlsym`, `__prctl`) are judged by the name
+_LIBC_ALIASED = _MEMORY_IDENTS | _FILE_IDENTS | words("""mprotect ptrace syscall dlopen dlmopen dlsym dlvsym system
+    popen execve execveat process_vm_writev process_vm_readv""")
 _CONCURRENCY_IDENTS = words("fork vfork pthread_create thrd_create posix_spawn posix_spawnp clone3 prctl")
 # CUDA runtime/driver API an honest single-kernel candidate never needs, by what it would be used for:
 # functions fetched by name (like dlsym: the name is a string, hidden from these checks) and code loaded
@@ -145,8 +148,10 @@ _CUDA_CONCURRENCY_INFIX = ("Programmatic", "PROGRAMMATIC")
 _TIMING = re.compile(r"cu(?:da)?DeviceSetLimit|cuCtxSetLimit|cudaThreadSetLimit|cu(?:da)?CtxResetPersistingL2Cache|"
                      r"cudaDeviceSet(?:CacheConfig|SharedMemConfig)|cuCtxSet(?:CacheConfig|SharedMemConfig)|"
                      r"(?i:cupti)\w*+|nvml\w*+|omp_set_\w++|clock_settime|settimeofday|adjtimex|clock_adjtime")
-_TIMING_INFIX = ("AccessPolicyWindow", "ACCESS_POLICY_WINDOW", "PersistingL2", "PERSISTING_L2", "AccessProperty",
-                 "ACCESS_PROPERTY")
+_TIMING_INFIX = ("AccessPolicyWindow", "accessPolicyWindow", "ACCESS_POLICY_WINDOW", "PersistingL2", "PERSISTING_L2",
+                 "AccessProperty", "ACCESS_PROPERTY", "access_property", "annotated_ptr")
+# PTX cache policies that keep lines in L2 past the flush between trials (evict_last, createpolicy, ...)
+_ASM_CACHE_POLICY = re.compile(r"(?i)evict_last|evict_unchanged|createpolicy|applypriority")
 # ATen names that change how the reference runs (TF32, cuDNN benchmark, thread counts, allocators, hooks):
 # refused also unqualified (after `using namespace at`, or as methods of the context), whatever precedes them.
 _ATEN_DISTINCTIVE = words("""globalContext getCUDAHooks getCPUAllocator SetCPUAllocator SetAllocator
@@ -355,7 +360,8 @@ def _decode_literal(literal: str) -> str | None:
 
 def _check_path_literals(src: NativeSource, where: Callable[[int], tuple[str, str, int]],
                          add: Callable[..., None]) -> None:
-    """String literals, adjacent ones joined as the compiler joins them, that name a file-system path."""
+    """String literals, adjacent ones joined as the compiler joins them, that name a file-system path or an
+    L2 cache policy."""
     toks, n = src.tokens, len(src.tokens)
     j = 0
     while j < n:
@@ -371,6 +377,10 @@ def _check_path_literals(src: NativeSource, where: Callable[[int], tuple[str, st
             j += 2
         j = max(j, start + 1)
         text = "".join(parts)
+        if _ASM_CACHE_POLICY.search(text):  # also where a macro carries the asm template
+            add("timing_patch", where(src.positions[start]), "asm cache policy", "a string with an L2 cache policy "
+                "that keeps lines resident (evict_last, createpolicy, applypriority) would survive the cache flush "
+                "between trials; not allowed")
         if _PATH_LITERAL.search(text):
             shown = text[:60].encode("unicode_escape").decode()
             add("unsafe_builtin", where(src.positions[start]), "path " + shown, f"the string \"{shown}\" names a "
@@ -407,6 +417,10 @@ def _check_identifiers(src: NativeSource, aliases: dict[str, list[str]], own_nam
         if _PY_IDENT.fullmatch(word) or word in _UNSAFE_IDENTS or any(p in word for p in _PY_INFIX):
             add("unsafe_builtin", where(at), word, f"{word} reaches Python objects, dynamic loading, processes "
                 "or memory tricks from native code; not allowed (bind functions with load_inline(functions=[...]))")
+        elif word[0] == "_" and _libc_core(word) in _CONCURRENCY_IDENTS:
+            add("concurrency", where(at), word, f"{word} creates or controls threads or processes; {SYNC_RULE}")
+        elif word[0] == "_" and _libc_core(word) in _LIBC_ALIASED:
+            add("unsafe_builtin", where(at), word, f"{word} is libc's internal name of {_libc_core(word)}; not allowed")
         elif word in _MEMORY_IDENTS:
             add("unsafe_builtin", where(at), word, f"{word} changes memory protection or mappings, or finds "
                 "libraries' code (rewriting code in place, e.g. the clock); not allowed")
@@ -486,6 +500,12 @@ def _check_identifiers(src: NativeSource, aliases: dict[str, list[str]], own_nam
                     f"`{word}::name` (a macro argument or alias can hide an ATen call); {KERNEL_RULE}")
 
 
+def _libc_core(word: str) -> str:
+    """`__libc_mmap` -> `mmap`: the name an internal libc alias stands for."""
+    core = word.lstrip("_")
+    return core[5:] if core.startswith("libc_") else core
+
+
 def _check_asm(src: NativeSource, i: int, where: Callable[[int], tuple[str, str, int]],
                add: Callable[..., None]) -> None:
     """The template of the asm statement or label starting at token ``i``: no system calls, no bare symbol
@@ -506,6 +526,10 @@ def _check_asm(src: NativeSource, i: int, where: Callable[[int], tuple[str, str,
     if _ASM_TRAP.search(text):
         add("unsafe_builtin", where(src.positions[i]), "asm syscall", "inline assembly that makes system calls "
             "is not allowed")
+    elif _ASM_CACHE_POLICY.search(text):
+        add("timing_patch", where(src.positions[i]), "asm cache policy", "inline assembly with an L2 cache policy "
+            "that keeps lines resident (evict_last, createpolicy, applypriority) would survive the cache flush "
+            "between trials; not allowed")
     elif template and _ASM_LABEL.fullmatch(text.strip()) and j < n and toks[j] == ")":
         add("unsafe_builtin", where(src.positions[i]), "asm label", f"asm(\"{text.strip()}\") names a symbol (an "
             "asm label binds a declaration to any function); not allowed")
