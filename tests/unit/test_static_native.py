@@ -157,6 +157,7 @@ ATTACKS = [
     ("peer copy", "", "cudaMemcpyPeer(nullptr, 1, nullptr, 0, 64);", "unsafe_builtin"),
     ("peer access", "", "cudaDeviceEnablePeerAccess(1, 0);", "unsafe_builtin"),
     ("driver context", "", "CUcontext c; cuCtxCreate(&c, 0, 0);", "unsafe_builtin"),
+    ("green context stream", "", "CUstream st; cuGreenCtxStreamCreate(&st, nullptr, 1, 0);", "unsafe_builtin"),
     # rewriting code or memory in place
     ("pkey_mprotect", "", "pkey_mprotect(nullptr, 4096, 7, 0);", "unsafe_builtin"),
     ("pkey_alloc", "", "int k = pkey_alloc(0, 0); (void)k;", "unsafe_builtin"),

@@ -133,7 +133,8 @@ _CUDA_ELSEWHERE = re.compile(
     r"cu(?:da)?MallocHost|cu(?:da)?HostAlloc\w*+|cu(?:da)?HostRegister\w*+|cu(?:da)?HostGetDevicePointer\w*+|"
     r"cuMem(?:AllocHost|HostAlloc|HostRegister|HostGetDevicePointer|AllocManaged)\w*+|cudaMallocManaged|"
     r"cu(?:da)?(?:Import|Destroy)External\w*+|cu(?:da)?(?:Signal|Wait)External\w*+|cudaExternal\w*+|"
-    r"CUexternal\w*+|cuMem(?:Export|Import)\w*+|cu(?:da)?LaunchCooperativeKernelMultiDevice")
+    r"CUexternal\w*+|cuMem(?:Export|Import)\w*+|cu(?:da)?LaunchCooperativeKernelMultiDevice|"
+    r"cu(?:da)?GreenCtx\w*+|CUgreenCtx\w*+|cudaExecutionCtx\w*+|cu(?:da)?DevResource\w*+|cuDevSmResource\w*+")
 # ... work outside the current stream (graphs, capture, host callbacks, the default streams' handles, launch
 # attributes, which can carry another stream or an overlapping launch as plain numbers), ...
 _CUDA_CONCURRENCY = re.compile(
