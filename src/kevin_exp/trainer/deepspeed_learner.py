@@ -182,7 +182,7 @@ class DeepSpeedLearner:
         stats.kl, stats.entropy, stats.clip_fraction = kl / tokens, entropy / tokens, clip / tokens
         stats.logprob_diff_mean, stats.logprob_diff_max = (dsum / dn, dmax) if dn > 0 else (None, None)
         self.last_micro_batches = micro_batches
-        self._publish_weights()
+        self.sync_generator_weights()
         return stats
 
     def _micro_loss(self, samples, micro, old, n_sequences, n_tokens, totals) -> torch.Tensor:
@@ -232,7 +232,7 @@ class DeepSpeedLearner:
                 out.extend(row[batch.mask[j].bool()].cpu() for j, row in enumerate(logp))
         return out
 
-    def _publish_weights(self) -> None:
+    def sync_generator_weights(self) -> None:
         """The generator's model gets the updated weights (ZeRO-3: one gathered parameter at a time)."""
         if self.engine.module is self.model:
             return
