@@ -33,7 +33,7 @@ from kevin_exp.errors import UserError
 from kevin_exp.progress import Progress
 from kevin_exp.rl.credit import turn_credit
 from kevin_exp.rollout.loop import RolloutSettings, RolloutTimes, TurnSample, run_rollout
-from kevin_exp.rows import metrics_row, training_settings, turn_row
+from kevin_exp.rows import metrics_row, scale_columns, training_settings, turn_row
 from kevin_exp.run_parts import RunFolder, build_logger, build_policy_parts
 from kevin_exp.tasks import Problem
 from kevin_exp.trainer import collectives
@@ -198,9 +198,7 @@ class TrainingRun:
         if ctx.is_main:
             metrics = metrics_row(self.run_id, step, all_samples, stats, RolloutTimes(gen_s, eval_s, wait_s), train_s,
                                   step_s, self.settings, cfg.model.usual_opening)
-            metrics.update(world_size=ctx.world_size, gpu_mem_peak_gb=gpu_gb, host_rss_peak_gb=rss_gb,
-                           train_tokens=int(trained_tokens),
-                           train_tokens_per_s=trained_tokens / train_s if train_s > 0 else None,
-                           mfu=mfu(self.n_params, trained_tokens, train_s, self.peak_flops, ctx.world_size))
+            metrics.update(scale_columns(ctx.world_size, trained_tokens, train_s, gpu_gb, rss_gb,
+                                         mfu(self.n_params, trained_tokens, train_s, self.peak_flops, ctx.world_size)))
             self.records.append_metrics(metrics)
         return collectives.broadcast_object(metrics)
