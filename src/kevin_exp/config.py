@@ -256,9 +256,7 @@ class TrainerConfig:
                     problems.append(f"{prefix}{name}={getattr(self, name)}: a DeepSpeed setting, but trainer.backend=torch; "
                                     "use trainer=deepspeed or leave it out")
             return problems
-        import importlib.util
-
-        if importlib.util.find_spec("deepspeed") is None:
+        if not _deepspeed_installed():
             problems.append(f"{prefix}backend=deepspeed: DeepSpeed is not installed; pip install -e '.[deepspeed]' "
                             "(or pip install deepspeed==0.19.8)")
         if self.offload_params != "none" and self.zero_stage != 3:
@@ -278,6 +276,15 @@ class TrainerConfig:
                 except ValueError as e:
                     problems.append(f"{prefix}deepspeed_config={self.deepspeed_config}: not valid JSON ({e})")
         return problems
+
+
+def _deepspeed_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("deepspeed") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 # TrainerConfig fields that only backend=deepspeed reads
