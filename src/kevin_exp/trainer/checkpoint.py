@@ -114,6 +114,9 @@ class Checkpointer:
         """Restores everything ``save`` wrote; returns ``state.json`` without the trainer's parts (``step``
         and the caller's extra keys)."""
         path = Path(path)
+        if (path / ZERO_TAG).is_dir():
+            raise UserError(f"{path}: written by trainer.backend=deepspeed; resume it with trainer=deepspeed (or start "
+                            "the run in a new run_dir)")
         load_policy_weights(path, model)
         state = json.loads((path / STATE_FILE).read_text())
         tensors = load_file(str(path / TRAINER_FILE))
