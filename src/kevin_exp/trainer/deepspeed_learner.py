@@ -107,7 +107,6 @@ class DeepSpeedLearner:
         train_model = copy.deepcopy(model) if trainer.zero_stage == 3 else model
         if trainer.activation_checkpointing:
             train_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        train_model.train()
         self.ds_config = run_deepspeed_config(trainer, self.world, load_universal)
         if run_dir is not None and self.rank == 0:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -144,6 +143,8 @@ class DeepSpeedLearner:
             return stats
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
         active = [i for i, s in enumerate(samples) if s.advantage != 0.0]
+        # under ZeRO-2 the engine's module is the generator's model: give it back in the mode it came in
+        was_training = self.engine.module.training
         self.engine.eval()
         old = dict(zip(active, self._logprobs(samples, active, lengths)))
         if collectives.reduce_values([len(active)], "sum")[0] > 0:
@@ -182,6 +183,7 @@ class DeepSpeedLearner:
         stats.kl, stats.entropy, stats.clip_fraction = kl / tokens, entropy / tokens, clip / tokens
         stats.logprob_diff_mean, stats.logprob_diff_max = (dsum / dn, dmax) if dn > 0 else (None, None)
         self.last_micro_batches = micro_batches
+        self.engine.module.train(was_training)
         self.sync_generator_weights()
         return stats
 

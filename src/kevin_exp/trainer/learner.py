@@ -2,7 +2,9 @@
 
 ``Learner`` is the interface the training loop uses (``train_step(batch) -> metrics``, ``state_dict``/
 ``load_state_dict`` for checkpoints, ``model`` for the weights a generator is given); ``build_learner``
-picks the implementation named by ``trainer.backend``. ``TorchLearner`` trains in this process with AdamW.
+picks the implementation named by ``trainer.backend``. ``TorchLearner`` trains in this process with AdamW;
+``DeepSpeedLearner`` (``trainer/deepspeed_learner.py``) trains under ZeRO over every rank of the run, and its
+checkpoints are sharded (``Checkpointer.save_sharded``), not a ``state_dict``.
 
 Each turn is its own sample (prompt = task + history, response = this turn's output); prompt tokens
 carry no loss. The rollout batch is split into ``minibatches`` gradient steps (Kevin: 2, the first
