@@ -86,6 +86,7 @@ def run_one(c: dict, args: argparse.Namespace) -> dict:
     import transformers
 
     from kevin_exp.config import TrainerConfig
+    from kevin_exp.models.loading import _dtype_kwarg, _enable_checkpointing
     from kevin_exp.rl.loss import clipped_policy_loss
     from kevin_exp.trainer.ds_config import generate_deepspeed_config, merged
     from kevin_exp.trainer.logprobs import pack, response_logprobs
@@ -107,10 +108,10 @@ def run_one(c: dict, args: argparse.Namespace) -> dict:
     config = transformers.Qwen2Config(**(TINY if smoke else QWEN25_3B))
     torch.manual_seed(0)
     with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype, attn_implementation=attn)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn, **_dtype_kwarg(dtype))
     n_params = sum(p.numel() for p in model.parameters())
     if c["checkpointing"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _enable_checkpointing(model)
     model.train()
     seq, prompt_len = args.seq, args.prompt
     resp_len = seq - prompt_len

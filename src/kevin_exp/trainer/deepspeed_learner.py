@@ -37,6 +37,7 @@ import torch
 
 from kevin_exp.config import AlgorithmConfig, TrainerConfig
 from kevin_exp.distributed import DistContext, context_from_env, init_process_group
+from kevin_exp.models.loading import _enable_checkpointing as enable_checkpointing
 from kevin_exp.rl.loss import clipped_policy_loss
 from kevin_exp.trainer import collectives
 from kevin_exp.trainer.batching import minibatch_plan, token_micro_batches
@@ -106,7 +107,7 @@ class DeepSpeedLearner:
         self.rank = collectives.rank()
         train_model = copy.deepcopy(model) if trainer.zero_stage == 3 else model
         if trainer.activation_checkpointing:
-            train_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(train_model)
         self.ds_config = run_deepspeed_config(trainer, self.world, load_universal)
         if run_dir is not None and self.rank == 0:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
