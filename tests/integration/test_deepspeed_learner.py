@@ -11,6 +11,7 @@ import torch
 from tests.integration.deepspeed_ranks import run_ranks
 
 pytest.importorskip("deepspeed")
+pytestmark = pytest.mark.slow
 
 # fp32 throughout; the ranks sum the same terms in another order (per-rank partial sums, then a reduction),
 # which moves a float32 result by a few ulps (~1e-7 relative); an error in the normalisation or a sample

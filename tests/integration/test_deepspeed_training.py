@@ -17,6 +17,7 @@ from kevin_exp.trainer.checkpoint import POLICY_FILE, find_checkpoint, load_poli
 from tests.integration.deepspeed_ranks import run_ranks, start_ranks
 
 pytest.importorskip("deepspeed")
+pytestmark = pytest.mark.slow
 
 RUN = ["model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=none", "trainer=deepspeed",
        "trainer.bf16=false", "trainer.offload_optimizer=none", "trainer.activation_checkpointing=false",
