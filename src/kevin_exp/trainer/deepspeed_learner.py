@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import socket
 from dataclasses import asdict
@@ -42,7 +41,7 @@ from kevin_exp.rl.loss import clipped_policy_loss
 from kevin_exp.trainer import collectives
 from kevin_exp.trainer.batching import minibatch_plan, token_micro_batches
 from kevin_exp.trainer.ds_config import run_deepspeed_config
-from kevin_exp.trainer.learner import LearnerSample, TrainBatch, UpdateStats, _scatter
+from kevin_exp.trainer.learner import LearnerSample, TrainBatch, UpdateStats, _scatter, warmup_lambda
 from kevin_exp.trainer.logprobs import chunk_count, pack, response_logprobs
 
 DS_CONFIG_FILE = "deepspeed_config.json"
@@ -70,7 +69,6 @@ def join_process_group(ctx: DistContext, device: torch.device, timeout_s: float)
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
-        ctx = DistContext(0, 1, 0, 1)
         import datetime
 
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1,
@@ -83,11 +81,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def warmup_lambda(trainer: TrainerConfig, total_steps: int):
-    warmup = max(0, math.ceil(trainer.warmup_ratio * total_steps * trainer.minibatches * trainer.epochs))
-    return lambda k: min(1.0, (k + 1) / (warmup + 1))
 
 
 class DeepSpeedLearner:

@@ -19,7 +19,7 @@ import copy
 import math
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
@@ -88,6 +88,12 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, pad_id: int, device:
     raise ValueError(f"trainer.backend={cfg.trainer.backend!r} has no learner")  # refused at composition already
 
 
+def warmup_lambda(trainer: TrainerConfig, total_steps: int) -> Callable[[int], float]:
+    """The lr factor after k gradient steps: a linear warm-up over ``warmup_ratio`` of them, then 1."""
+    warmup = max(0, math.ceil(trainer.warmup_ratio * total_steps * trainer.minibatches * trainer.epochs))
+    return lambda k: min(1.0, (k + 1) / (warmup + 1))
+
+
 class TorchLearner:
     def __init__(self, model: torch.nn.Module, pad_id: int, trainer: TrainerConfig, algorithm: AlgorithmConfig,
                  max_new_tokens: int, total_steps: int, device: torch.device, temperature: float = 1.0,
@@ -99,8 +105,7 @@ class TorchLearner:
             [p for p in model.parameters() if p.requires_grad], lr=trainer.lr, weight_decay=trainer.weight_decay,
             betas=(trainer.adam_beta1, trainer.adam_beta2),
         )
-        warmup = max(0, math.ceil(trainer.warmup_ratio * total_steps * trainer.minibatches * trainer.epochs))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: min(1.0, (k + 1) / (warmup + 1)))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_lambda(trainer, total_steps))
         # a frozen reference policy costs a model's memory: only keep one when the KL term is on
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if algorithm.kl_coef > 0 else None
 
