@@ -15,16 +15,16 @@ is the single-process one (``TorchLearner``) computed over the union of the rank
   of micro-batches per step follows from the batch (``ds_config`` states one).
 - Metrics are reduced over ranks (sums of token statistics, the max of ``logprob_diff_max``); every rank
   returns the same dict.
-- ZeRO-3 partitions the engine's copy of the model; the model the generator samples from (``self.model``)
-  stays whole and is refreshed after each step parameter by parameter (``GatheredParameters``), never the
-  whole model gathered at once. Under ZeRO-2 the engine trains ``self.model`` itself.
+- ZeRO-3 trains a copy of the model built partitioned (``_partitioned_copy``); the model the generator
+  samples from (``self.model``) stays whole and is refreshed after each step parameter by parameter
+  (``GatheredParameters``), never the whole model gathered at once. Under ZeRO-2 the engine trains
+  ``self.model`` itself.
 
 Samples with a zero advantage carry no gradient (there is no KL term under this backend) and are not run,
 but count in every normaliser, as in ``TorchLearner``.
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 import socket
@@ -98,10 +98,10 @@ class DeepSpeedLearner:
         self.temperature, self.top_p = temperature, top_p
         self.world = collectives.world_size()
         self.rank = collectives.rank()
-        train_model = copy.deepcopy(model) if trainer.zero_stage == 3 else model
+        self.ds_config = run_deepspeed_config(trainer, self.world, load_universal)
+        train_model = self._partitioned_copy(model) if trainer.zero_stage == 3 else model
         if trainer.activation_checkpointing:
             enable_checkpointing(train_model)
-        self.ds_config = run_deepspeed_config(trainer, self.world, load_universal)
         if run_dir is not None and self.rank == 0:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             (Path(run_dir) / DS_CONFIG_FILE).write_text(json.dumps(self.ds_config, indent=1))
@@ -113,6 +113,32 @@ class DeepSpeedLearner:
         if self.engine.module is not model:
             self.model.to(dtype=next(self.engine.module.parameters()).dtype)
         self.last_micro_batches = 0
+
+    def _partitioned_copy(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model ZeRO-3 trains: built partitioned (``zero.Init``), so a rank never holds a second whole
+        copy, then given ``model``'s weights one gathered parameter at a time."""
+        from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+        # transformers builds under zero.Init (skipping its weight init and keeping the rotary buffers' dtype)
+        # while this object lives; it must not outlive the build, or generate() would sync the ranks' GPUs
+        zero3 = HfDeepSpeedConfig(self.ds_config)
+        try:
+            copy = type(model)._from_config(model.config)
+        finally:
+            unset_hf_deepspeed_config()
+            del zero3
+        params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+        with torch.no_grad():
+            for name, param in copy.named_parameters():
+                with self.deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                    if self.rank == 0:
+                        param.copy_(params[name])
+            for name, buffer in copy.named_buffers():
+                if name in buffers:
+                    buffer.copy_(buffers[name])
+        if getattr(model, "generation_config", None) is not None:
+            copy.generation_config = model.generation_config
+        return copy
 
     # ------------------------------------------------------------------ the Learner protocol
     def state_dict(self) -> dict[str, Any]:
