@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -25,6 +24,7 @@ import torch
 
 from kevin_exp.config import AlgorithmConfig, TrainConfig, TrainerConfig
 from kevin_exp.rl.loss import clipped_policy_loss
+from kevin_exp.trainer.batching import minibatch_plan
 from kevin_exp.trainer.logprobs import pack, response_logprobs
 
 
@@ -149,17 +149,11 @@ class TorchLearner:
         ref = (dict(zip(active, self._logprobs(self.reference, [samples[i] for i in active])))
                if self.reference is not None else None)
         self.model.train()
-        order = list(range(len(samples)))
-        rng = random.Random(seed)
         totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip": 0.0, "norm": 0.0, "tokens": 0}
         active_set = set(active)
-        for _ in range(self.cfg.epochs):
-            rng.shuffle(order)
-            n_mb = min(self.cfg.minibatches, len(order))
-            for mb in range(n_mb):
-                idx = order[mb::n_mb]
-                totals["norm"] += self._gradient_step(samples, idx, active_set, old, ref, totals)
-                stats.gradient_steps += 1
+        for idx in minibatch_plan(len(samples), self.cfg.minibatches, self.cfg.epochs, seed):
+            totals["norm"] += self._gradient_step(samples, idx, active_set, old, ref, totals)
+            stats.gradient_steps += 1
         tokens = max(1, totals["tokens"])
         stats.loss = totals["loss"] / max(1, stats.gradient_steps)
         stats.grad_norm = totals["norm"] / max(1, stats.gradient_steps)
