@@ -2,7 +2,9 @@
 
 ``Learner`` is the interface the training loop uses (``train_step(batch) -> metrics``, ``state_dict``/
 ``load_state_dict`` for checkpoints, ``model`` for the weights a generator is given); ``build_learner``
-picks the implementation named by ``trainer.backend``. ``TorchLearner`` trains in this process with AdamW.
+picks the implementation named by ``trainer.backend``. ``TorchLearner`` trains in this process with AdamW;
+``DeepSpeedLearner`` (``trainer/deepspeed_learner.py``) trains under ZeRO over every rank of the run, and its
+checkpoints are sharded (``Checkpointer.save_sharded``), not a ``state_dict``.
 
 Each turn is its own sample (prompt = task + history, response = this turn's output); prompt tokens
 carry no loss. The rollout batch is split into ``minibatches`` gradient steps (Kevin: 2, the first
@@ -15,14 +17,14 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
 from kevin_exp.config import AlgorithmConfig, TrainConfig, TrainerConfig
 from kevin_exp.rl.loss import clipped_policy_loss
+from kevin_exp.trainer.batching import minibatch_plan
 from kevin_exp.trainer.logprobs import pack, response_logprobs
 
 
@@ -71,11 +73,25 @@ class Learner(Protocol):
         ...
 
 
-def build_learner(cfg: TrainConfig, model: torch.nn.Module, pad_id: int, device: torch.device) -> Learner:
+def build_learner(cfg: TrainConfig, model: torch.nn.Module, pad_id: int, device: torch.device,
+                  load_universal: bool = False) -> Learner:
+    """``load_universal``: the checkpoint to resume from was written by another number of ranks (deepspeed)."""
     if cfg.trainer.backend == "torch":
         return TorchLearner(model, pad_id, cfg.trainer, cfg.algorithm, cfg.rollout.max_new_tokens, cfg.steps, device,
                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+    if cfg.trainer.backend == "deepspeed":
+        from kevin_exp.trainer.deepspeed_learner import DeepSpeedLearner
+
+        return DeepSpeedLearner(model, pad_id, cfg.trainer, cfg.algorithm, cfg.rollout.max_new_tokens, cfg.steps, device,
+                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, run_dir=cfg.run_dir,
+                                load_universal=load_universal)
     raise ValueError(f"trainer.backend={cfg.trainer.backend!r} has no learner")  # refused at composition already
+
+
+def warmup_lambda(trainer: TrainerConfig, total_steps: int) -> Callable[[int], float]:
+    """The lr factor after k gradient steps: a linear warm-up over ``warmup_ratio`` of them, then 1."""
+    warmup = max(0, math.ceil(trainer.warmup_ratio * total_steps * trainer.minibatches * trainer.epochs))
+    return lambda k: min(1.0, (k + 1) / (warmup + 1))
 
 
 class TorchLearner:
@@ -89,8 +105,7 @@ class TorchLearner:
             [p for p in model.parameters() if p.requires_grad], lr=trainer.lr, weight_decay=trainer.weight_decay,
             betas=(trainer.adam_beta1, trainer.adam_beta2),
         )
-        warmup = max(0, math.ceil(trainer.warmup_ratio * total_steps * trainer.minibatches * trainer.epochs))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: min(1.0, (k + 1) / (warmup + 1)))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_lambda(trainer, total_steps))
         # a frozen reference policy costs a model's memory: only keep one when the KL term is on
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if algorithm.kl_coef > 0 else None
 
@@ -100,7 +115,8 @@ class TorchLearner:
             for i in range(0, len(samples), self.cfg.micro_batch_size):
                 micro = samples[i : i + self.cfg.micro_batch_size]
                 batch = pack([s.prompt_ids for s in micro], [s.response_ids for s in micro], self.pad_id, self.device)
-                logp, _ = response_logprobs(model, batch, temperature=self.temperature, top_p=self.top_p)
+                logp, _ = response_logprobs(model, batch, temperature=self.temperature, top_p=self.top_p,
+                                             chunk_tokens=self.cfg.logprob_chunk_tokens)
                 out.extend(row[batch.mask[k].bool()].cpu() for k, row in enumerate(logp))
         return out
 
@@ -133,17 +149,11 @@ class TorchLearner:
         ref = (dict(zip(active, self._logprobs(self.reference, [samples[i] for i in active])))
                if self.reference is not None else None)
         self.model.train()
-        order = list(range(len(samples)))
-        rng = random.Random(seed)
         totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip": 0.0, "norm": 0.0, "tokens": 0}
         active_set = set(active)
-        for _ in range(self.cfg.epochs):
-            rng.shuffle(order)
-            n_mb = min(self.cfg.minibatches, len(order))
-            for mb in range(n_mb):
-                idx = order[mb::n_mb]
-                totals["norm"] += self._gradient_step(samples, idx, active_set, old, ref, totals)
-                stats.gradient_steps += 1
+        for idx in minibatch_plan(len(samples), self.cfg.minibatches, self.cfg.epochs, seed):
+            totals["norm"] += self._gradient_step(samples, idx, active_set, old, ref, totals)
+            stats.gradient_steps += 1
         tokens = max(1, totals["tokens"])
         stats.loss = totals["loss"] / max(1, stats.gradient_steps)
         stats.grad_norm = totals["norm"] / max(1, stats.gradient_steps)
@@ -159,7 +169,7 @@ class TorchLearner:
             micro = run[start : start + self.cfg.micro_batch_size]
             batch = pack([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro], self.pad_id, self.device)
             logp, entropy = response_logprobs(self.model, batch, with_entropy=True, temperature=self.temperature,
-                                              top_p=self.top_p)
+                                              top_p=self.top_p, chunk_tokens=self.cfg.logprob_chunk_tokens)
             mask = batch.mask
             old_lp = _scatter(old, micro, mask)
             ref_lp = _scatter(ref, micro, mask) if ref is not None else None
