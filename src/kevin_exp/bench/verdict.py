@@ -143,7 +143,7 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
         how = outcome.ended.how
         if how == "timeout":
             limit = outcome.limits.get("load_s" if outcome.phase == "load" else "trials_s", config.hang_ceiling_s)
-            during = {"load": "loading your module / constructing ModelNew", "trials": f"call {outcome.trial}",
+            during = {"load": "loading your module / constructing ModelNew", "trials": f"call {(outcome.trial or 0) + 1}",
                       "end": "the end of the run"}.get(outcome.phase, outcome.phase)
             return verdict(Status.TIMEOUT, f"the run exceeded its {limit:.3g} s limit during {during} (infinite loop or "
                            "deadlock?)")
