@@ -123,6 +123,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
     ready = runner.wait_ready(START_TIMEOUT_S)
     if not _answered(outcome, runner, ready, "start", "ready"):
         return outcome
+    clock[0] = time.monotonic()  # waiting for a standby runner to finish starting is no phase of this run
     kinds = schedule(config)
     outcome.limits = {"load_s": config.load_timeout_s,
                       "trials_s": round(trial_limit_s(statistics.median(outcome.ref_ms), len(kinds), config), 3)}
