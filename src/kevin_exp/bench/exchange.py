@@ -74,12 +74,17 @@ def ensure_size(fd: int, size: int) -> None:
 
 
 class Region:
-    """A process's mapping of the shared file, remapped when the file has grown."""
+    """A process's mapping of the shared file, remapped when the file has grown. With ``pin`` (cuda), the mapping
+    is page-locked for the GPU (``cudaHostRegister``) so host<->device copies run at full speed; where the
+    driver refuses, copies stay pageable (slower, same result)."""
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    def __init__(self, fd: int, pin: bool = False) -> None:
+        self.fd, self.pin = fd, pin
         self.mm: mmap.mmap | None = None
         self.size = 0
+        self.pinned = False
+        self._ptr = 0
+        self._old: list[mmap.mmap] = []
 
     def mapped(self, need: int) -> mmap.mmap:
         if self.mm is None or self.size < need:
@@ -87,9 +92,32 @@ class Region:
             if size < need:
                 raise HeaderError(f"the shared region holds {size} bytes, {need} needed")
             if self.mm is not None:
-                self.mm.close()
+                self._unpin()
+                # tensors made by torch.frombuffer may still hold the old mapping's buffer: keep it, never close it
+                self._old.append(self.mm)
             self.mm, self.size = mmap.mmap(self.fd, size), size
+            if self.pin:
+                self._pin()
         return self.mm
+
+    def _pin(self) -> None:
+        import torch
+
+        try:
+            self._ptr = torch.frombuffer(self.mm, dtype=torch.uint8, count=1).data_ptr()
+            self.pinned = int(torch.cuda.cudart().cudaHostRegister(self._ptr, self.size, 0)) == 0
+        except Exception:  # noqa: BLE001 - pinning is an optimisation
+            self.pinned = False
+
+    def _unpin(self) -> None:
+        if self.pinned:
+            import torch
+
+            try:
+                torch.cuda.cudart().cudaHostUnregister(self._ptr)
+            except Exception:  # noqa: BLE001
+                pass
+            self.pinned = False
 
 
 # --------------------------------------------------------------------------- headers (no torch needed)

@@ -151,7 +151,9 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
             inputs = ref.call({"op": "stage", "i": i, "layout": layout.to_json()}, ref_limit)["inputs"]
             timed = kind == "timed"
             t0 = time.monotonic()
-            runner.send({"op": "trial", "i": i, "inputs": inputs, "timed": timed, "poison": kind == "check"})
+            checked = kind == "check"  # on these calls the runner also sends its inputs back, to be compared
+            runner.send({"op": "trial", "i": i, "inputs": inputs, "timed": timed, "poison": checked,
+                         "return_inputs": checked})
             reply = runner.recv(t0 + budget - spent)
             took = time.monotonic() - t0
             spent += took
@@ -163,7 +165,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
                     or (timed and not (isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms) and ms >= 0)):
                 return _violation(outcome, runner, f"the runner's report on call {i} is malformed")
             check = ref.call({"op": "check", "i": i, "layout": layout.to_json(), "outputs": reply["outputs"],
-                              "after": reply["after"], "tolerances": tolerances}, ref_limit)
+                              "after": reply["after"], "inputs_back": checked, "tolerances": tolerances}, ref_limit)
             outcome.checked_calls += 1
             if not check["ok"]:
                 if check.get("malformed"):

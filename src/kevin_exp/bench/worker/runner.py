@@ -33,7 +33,7 @@ def serve(requests: IO[bytes], replies: IO[str], exchange_fd: int, backend: str)
         op = request.get("op")
         try:
             if op == "load":
-                runner = Runner(request, Region(exchange_fd), backend)
+                runner = Runner(request, Region(exchange_fd, pin=backend == "cuda"), backend)
                 reply({"op": "loaded", "device": device_name(runner.device), "load_s": runner.load_s})
             elif op == "trial" and runner is not None:
                 reply(runner.trial(request))
@@ -132,7 +132,9 @@ class Runner:
             raise Rejected("incorrect", f"trial {request['i']}: output {exc}") from None
         except Exception as exc:  # noqa: BLE001 - reading the output back is the candidate's output too
             raise Rejected("runtime_error", f"reading your output back raised: {type(exc).__name__}: {exc}") from None
-        after, _ = write_values(inputs, mm, layout.after_at, layout.size)
+        after: dict[str, Any] = {"t": "list", "items": []}
+        if request.get("return_inputs"):
+            after, _ = write_values(inputs, mm, layout.after_at, layout.size)
         return {"op": "done", "i": request["i"], "ms": ms, "outputs": outputs, "after": after}
 
     def finish(self) -> None:
