@@ -86,3 +86,14 @@ def test_a_writer_cannot_spill_past_its_part_or_pass_a_tensor_subclass():
             write_values(torch.zeros(2).as_subclass(Lazy), mm, 0)
     finally:
         os.close(fd)
+
+
+def test_the_shared_file_can_grow_but_not_shrink():
+    fd = new_exchange_fd(4096)
+    try:
+        ensure_size(fd, 8192)
+        assert os.fstat(fd).st_size == 8192
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)  # what a hostile runner holding the descriptor would try
+    finally:
+        os.close(fd)

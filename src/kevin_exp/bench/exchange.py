@@ -12,6 +12,7 @@ then the runner's inputs as they were after its call; each part starts 64-byte a
 """
 from __future__ import annotations
 
+import fcntl
 import math
 import mmap
 import os
@@ -60,15 +61,17 @@ class Layout:
 
 
 def new_exchange_fd(size: int) -> int:
-    """A fresh anonymous shared memory file of ``size`` bytes, inheritable by children."""
-    fd = os.memfd_create("kx-exchange", 0)
+    """A fresh anonymous shared memory file of ``size`` bytes, inheritable by children, sealed against
+    shrinking (a runner that truncated it would make the reference process's reads fault)."""
+    fd = os.memfd_create("kx-exchange", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, max(size, ALIGN))
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
     os.set_inheritable(fd, True)
     return fd
 
 
 def ensure_size(fd: int, size: int) -> None:
-    """Grow (never shrink) the shared file so that ``size`` bytes fit."""
+    """Grow (it cannot shrink) the shared file so that ``size`` bytes fit."""
     if os.fstat(fd).st_size < size:
         os.ftruncate(fd, size)
 

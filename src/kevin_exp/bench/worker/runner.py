@@ -125,6 +125,9 @@ class Runner:
         if self.rules["runtime_require_kernel_call"] and self.calls.count == calls_before:
             raise Rejected("forbidden", "forward never called a function of the extension built with load_inline",
                            rule="kernel_not_called")
+        for t in out if isinstance(out, (list, tuple)) else [out]:
+            if isinstance(t, torch.Tensor) and t.device.type != self.device.type:
+                raise Rejected("incorrect", f"output must be on {self.device.type}, got a tensor on {t.device}")
         mm = self.region.mapped(layout.size)
         try:
             outputs, _ = write_values(out, mm, layout.outputs_at, layout.after_at)
