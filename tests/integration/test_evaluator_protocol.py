@@ -80,11 +80,11 @@ def test_the_reference_process_never_loads_candidate_code(evaluator):
 
 def test_a_hang_on_a_fast_reference_gets_a_deadline_near_the_floor(build_cache):
     config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, correctness_trials=1, cache_dir=build_cache,
-                         hang_floor_s=3.0, hang_factor=2.0, hang_ceiling_s=120.0)
+                         hang_floor_s=3.0, hang_factor=1.0, hang_ceiling_s=120.0)
     with Evaluator(config) as ev:
         [v] = ev.evaluate([item("hang")])
     assert v.status is Status.TIMEOUT, v.reason
-    assert 3.0 <= v.time_limit_s < 4.0, v.time_limit_s  # relu on 1M floats: ms, times 8 calls, times 2
+    assert 3.0 <= v.time_limit_s < 5.0, v.time_limit_s  # relu on 1M floats: ms (tens on a busy box) x 8 calls
     assert v.extra["limits"]["trials_s"] == v.time_limit_s
     assert f"{v.time_limit_s:.3g} s limit" in v.reason
 
