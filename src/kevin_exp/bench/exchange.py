@@ -3,7 +3,7 @@ file (a memfd the parent creates and hands to both as an inherited descriptor, s
 has a private /tmp and /dev/shm), described by small JSON headers.
 
 A header is ``{"t": "tensor", "dtype", "shape", "offset", "nbytes"}``, ``{"t": "value", "value"}`` (a JSON
-number, bool or null) or ``{"t": "list"|"tuple", "items": [...]}``. Nothing here unpickles or imports
+number, bool, short string or null) or ``{"t": "list"|"tuple", "items": [...]}``. Nothing here unpickles or imports
 anything: a trusted process validates a header (``header_problem``) against what it expects before it reads
 a byte, and copies the bytes out before using them.
 
@@ -25,6 +25,7 @@ ITEMSIZE: dict[str, int] = {
     "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
 }
 """The dtypes a header may name (anything else is refused before a byte is read)."""
+MAX_STR = 1000
 
 
 class HeaderError(ValueError):
@@ -148,8 +149,8 @@ def validate(header: Any, start: int, end: int, depth: int = 0) -> None:
         if set(header) != {"t", "value"}:
             raise HeaderError("malformed value header")
         v = header["value"]
-        if not (v is None or isinstance(v, (bool, int, float))):
-            raise HeaderError("a value header may only carry a number, a bool or null")
+        if not (v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= MAX_STR)):
+            raise HeaderError("a value header may only carry a number, a bool, a short string or null")
         return
     if t in ("list", "tuple"):
         items = header.get("items")
@@ -227,7 +228,7 @@ def write_values(values: Any, mm: mmap.mmap, offset: int, end: int | None = None
             h, offset = write_values(v, mm, offset, end)
             items.append(h)
         return {"t": "tuple" if isinstance(values, tuple) else "list", "items": items}, offset
-    if values is None or isinstance(values, (bool, int, float)):
+    if values is None or isinstance(values, (bool, int, float)) or (isinstance(values, str) and len(values) <= MAX_STR):
         return {"t": "value", "value": values}, offset
     raise HeaderError(f"cannot pass a {type(values).__name__} (tensors, numbers and lists of them only)")
 
@@ -260,7 +261,8 @@ def describe(values: Any) -> dict[str, Any]:
                 "nbytes": values.numel() * values.element_size()}
     if isinstance(values, (list, tuple)):
         return {"t": "tuple" if isinstance(values, tuple) else "list", "items": [describe(v) for v in values]}
-    return {"t": "value", "value": values if values is None or isinstance(values, (bool, int, float)) else None}
+    plain = values is None or isinstance(values, (bool, int, float, str))
+    return {"t": "value", "value": values if plain else None}
 
 
 def padded_bytes(header: dict[str, Any]) -> int:
