@@ -169,3 +169,17 @@ def test_make_verdict_uses_the_reason_as_feedback_and_trims_it():
     v = make_verdict("p2", Status.FORBIDDEN, "why", CONFIG, ISOLATION, rule="pass", feedback="all of it")
     assert (v.reason, v.feedback, v.rule, v.backend, v.isolation) == ("why", "all of it", "pass", "cpu", ISOLATION)
     assert Verdict.from_json(v.to_json()) == v
+
+
+def test_hidden_time_is_measured_against_the_calibration_and_acts_only_when_switched_on():
+    from kevin_exp.bench.verdict import hidden_time_ms
+
+    # calls cost 2 ms around the reported time before the candidate loaded, 2.3 ms after: 0.3 ms hidden
+    assert hidden_time_ms([1.0, 1.0], [3.3, 3.3], [0.1, 0.1], [2.1, 2.1]) == pytest.approx(0.3)
+    assert hidden_time_ms([1.0], [3.0], [], []) == 0.0
+    lying = outcome(new_ms=[1.0] * 3, ref_ms=[8.0] * 3, outside_ms=[5.0] * 3, calibration_ms=[0.1] * 3,
+                    calibration_outside_ms=[2.1] * 3)  # 2 ms more than the path costs: the runner hid it
+    v = judge(lying)
+    assert v.status is Status.OK and v.extra["hidden_ms"] == pytest.approx(2.0)
+    v = judge(lying, BenchConfig(hidden_time_check=True, hidden_time_factor=0.5, hidden_time_slack_ms=0.25))
+    assert v.status is Status.SUSPECT and v.rule == "timing_inconsistent" and "more (parent's clock)" in v.reason

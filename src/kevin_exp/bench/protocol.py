@@ -25,6 +25,7 @@ REFERENCE_SLACK_S = 60.0  # a reference request's own limit, beyond the run's
 # the reference is timed this many times when it is not cached, and its quietest block kept: the cache keeps
 # one measurement for good, so a measurement disturbed by other work (compiles, on cpu) must not be it
 REFERENCE_TIMING_BLOCKS = 3
+CALIBRATION_CALLS = 5
 # what a runner may say about its own candidate; "ok" is never its to say
 RUNNER_STATUSES = frozenset({"runtime_error", "forbidden", "format_error", "compile_error", "incorrect"})
 
@@ -55,6 +56,8 @@ class RunOutcome:
     device: str = ""
     new_ms: list[float] = field(default_factory=list)
     outside_ms: list[float] = field(default_factory=list)
+    calibration_ms: list[float] = field(default_factory=list)
+    calibration_outside_ms: list[float] = field(default_factory=list)
     ref_ms: list[float] = field(default_factory=list)
     ref_cached: bool = False
     max_abs_diff: float = 0.0
@@ -116,7 +119,6 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
         out_bytes = padded_bytes(prepared["output"])
         layout = Layout.for_sizes(in_bytes, out_bytes)
         ensure_size(exchange_fd, layout.size)
-        init = ref.call({"op": "stage_init", "layout": layout.to_json()}, ref_limit)["inputs"]
     except ReferenceFailed as exc:
         return _reference_failed(outcome, exc)
 
@@ -124,6 +126,13 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
     if not _answered(outcome, runner, ready, "start", "ready"):
         return outcome
     clock[0] = time.monotonic()  # waiting for a standby runner to finish starting is no phase of this run
+    try:
+        if not _calibrate(outcome, ref, runner, layout, prepared["output"], secret, ref_limit, config):
+            return outcome
+        init = ref.call({"op": "stage_init", "layout": layout.to_json()}, ref_limit)["inputs"]
+    except ReferenceFailed as exc:
+        return _reference_failed(outcome, exc)
+    lap("calibrate_s")
     kinds = schedule(config)
     outcome.limits = {"load_s": config.load_timeout_s,
                       "trials_s": round(trial_limit_s(statistics.median(outcome.ref_ms), len(kinds), config), 3)}
@@ -162,7 +171,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
                 return outcome
             ms = reply.get("ms")
             if reply.get("i") != i or not isinstance(reply.get("outputs"), dict) or not isinstance(reply.get("after"), dict) \
-                    or (timed and not (isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms) and ms >= 0)):
+                    or (timed and not _is_time(ms)):
                 return _violation(outcome, runner, f"the runner's report on call {i} is malformed")
             check = ref.call({"op": "check", "i": i, "layout": layout.to_json(), "outputs": reply["outputs"],
                               "after": reply["after"], "inputs_back": checked, "tolerances": tolerances}, ref_limit)
@@ -189,6 +198,35 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
     except ReferenceFailed as exc:
         return _reference_failed(outcome, exc)
     return _finish(outcome, runner)
+
+
+def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, output: dict[str, Any],
+               secret: int, ref_limit: float, config: BenchConfig) -> bool:
+    """Before any candidate code is loaded, the runner makes ``CALIBRATION_CALLS`` timed calls through its whole
+    path with a stand-in that only fills an output of the expected shape: what a call costs beyond its reported
+    time, from the parent's clock (``verdict.hidden_time_ms`` compares the candidate's calls with this)."""
+    ref.call({"op": "chunk", "secret": secret, "start": -CALIBRATION_CALLS, "count": CALIBRATION_CALLS}, ref_limit)
+    deadline = time.monotonic() + config.load_timeout_s
+    for i in range(-CALIBRATION_CALLS, 0):
+        inputs = ref.call({"op": "stage", "i": i, "layout": layout.to_json()}, ref_limit)["inputs"]
+        t0 = time.monotonic()
+        runner.send({"op": "calibrate", "i": i, "inputs": inputs, "layout": layout.to_json(), "output": output})
+        reply = runner.recv(deadline)
+        took = time.monotonic() - t0
+        if not _answered(outcome, runner, reply, "start", "calibrated"):
+            return False
+        ms = reply.get("ms")
+        if reply.get("i") != i or not _is_time(ms):
+            _violation(outcome, runner, "the runner's calibration report is malformed")
+            return False
+        outcome.calibration_ms.append(float(ms))
+        outcome.calibration_outside_ms.append(took * 1e3)
+    ref.call({"op": "release"}, ref_limit)
+    return True
+
+
+def _is_time(ms: Any) -> bool:
+    return isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms) and ms >= 0
 
 
 def _where(kind: str, i: int, config: BenchConfig) -> str:

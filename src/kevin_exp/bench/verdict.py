@@ -175,6 +175,13 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
     flagged = speedup > config.excessive_speedup
     timing = dict(runtime_ms=new.median_ms, ref_runtime_ms=ref.median_ms, speedup=speedup, runtime_stats=new,
                   ref_runtime_stats=ref, outside_runtime_ms=outside.median_ms, excessive_speedup=flagged)
+    hidden = hidden_time_ms(outcome.new_ms, outcome.outside_ms, outcome.calibration_ms, outcome.calibration_outside_ms)
+    extra["hidden_ms"] = round(hidden, 4)
+    allowed = config.hidden_time_factor * new.median_ms + config.hidden_time_slack_ms
+    if config.hidden_time_check and hidden > allowed:
+        reason = (f"suspect: each timed call took {hidden:.3g} ms more (parent's clock) than the runner reported, beyond "
+                  f"what the same path costs without your code (allowed {allowed:.3g} ms); the run counts for nothing")
+        return verdict(Status.SUSPECT, reason, rule="timing_inconsistent", **checked, **timing)
     impossible = reported_exceeds_outside(outcome.new_ms, outcome.outside_ms)
     if impossible:
         k = impossible[0]
@@ -192,6 +199,20 @@ def reported_exceeds_outside(reported_ms: list[float], outside_ms: list[float]) 
     """Indices of timed calls whose reported time is longer than the parent's wall-clock measure of the same
     call (which contains it): impossible for an honest runner."""
     return [k for k, (r, o) in enumerate(zip(reported_ms, outside_ms)) if r > o]
+
+
+def hidden_time_ms(reported_ms: list[float], outside_ms: list[float], calibration_ms: list[float],
+                   calibration_outside_ms: list[float]) -> float:
+    """How much more of each timed call the parent saw than the runner reported (median), beyond the same for the
+    calibration calls made before any candidate code was loaded. An honest runner's extra is the path around the
+    call (copies, messages), the same in both; a runner that under-reports its own time shows it here."""
+    if not calibration_ms or not reported_ms:
+        return 0.0
+    import statistics
+
+    candidate = statistics.median(o - r for r, o in zip(reported_ms, outside_ms))
+    baseline = statistics.median(o - r for r, o in zip(calibration_ms, calibration_outside_ms))
+    return candidate - baseline
 
 
 def rechecks_disagree(first_speedup: float, second_speedup: float, tolerance: float) -> bool:

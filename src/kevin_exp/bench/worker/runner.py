@@ -27,13 +27,16 @@ def serve(requests: IO[bytes], replies: IO[str], exchange_fd: int, backend: str)
         replies.write(json.dumps(message) + "\n")
         replies.flush()
 
+    harness = Harness(Region(exchange_fd, pin=backend == "cuda"), backend)
     runner: Runner | None = None
     for line in requests:
         request = json.loads(line)
         op = request.get("op")
         try:
-            if op == "load":
-                runner = Runner(request, Region(exchange_fd, pin=backend == "cuda"), backend)
+            if op == "calibrate" and runner is None:
+                reply(harness.calibrate(request))
+            elif op == "load" and runner is None:
+                runner = Runner(request, harness)
                 reply({"op": "loaded", "device": device_name(runner.device), "load_s": runner.load_s})
             elif op == "trial" and runner is not None:
                 reply(runner.trial(request))
@@ -52,20 +55,61 @@ def serve(requests: IO[bytes], replies: IO[str], exchange_fd: int, backend: str)
             return
 
 
+class Harness:
+    """What the runner has before any candidate code: the region, the device, the timer and the cache flusher.
+    ``calibrate`` runs a call's whole path (inputs in, flush, a timed stand-in that only fills an output of
+    the expected shape, outputs out) so the parent learns what a call costs beyond its reported time."""
+
+    def __init__(self, region: Region, backend: str) -> None:
+        self.region = region
+        self.device = torch.device("cuda" if backend == "cuda" else "cpu")
+        self.flusher = CacheFlusher(self.device)
+        self.timer = Timer(self.device)
+
+    def read(self, header: Any, start: int, end: int) -> Any:
+        try:
+            validate(header, start, end)
+            return read_values(header, self.region.mapped(end), self.device)
+        except HeaderError as exc:
+            raise Rejected("crashed", f"evaluator error: bad request ({exc})") from exc
+
+    def calibrate(self, request: dict[str, Any]) -> dict[str, Any]:
+        layout = Layout.from_json(request["layout"])
+        inputs = self.read(request["inputs"], layout.inputs_at, layout.outputs_at)
+        expected = request["output"]
+        synchronize(self.device)
+        self.flusher.flush()
+        ms, out = self.timer(lambda: _zeros_like(expected, self.device))
+        write_values(out, self.region.mapped(layout.size), layout.outputs_at, layout.after_at)
+        del inputs
+        return {"op": "calibrated", "i": request["i"], "ms": ms}
+
+
+def _zeros_like(header: dict[str, Any], device: torch.device) -> Any:
+    t = header["t"]
+    if t == "tensor":
+        return torch.zeros(header["shape"], dtype=getattr(torch, header["dtype"]), device=device)
+    if t in ("list", "tuple"):
+        items = [_zeros_like(h, device) for h in header["items"]]
+        return items if t == "list" else tuple(items)
+    return header.get("value")
+
+
 class Runner:
-    def __init__(self, job: dict[str, Any], region: Region, backend: str) -> None:
+    def __init__(self, job: dict[str, Any], harness: Harness) -> None:
         from kevin_exp.bench.runtime_guard import snapshot_timing_functions
 
         t0 = time.perf_counter()
-        self.device = torch.device("cuda" if backend == "cuda" else "cpu")
+        self.harness = harness
+        self.device = harness.device
         self.rules = job["rules"]
         self.layout = Layout.from_json(job["layout"])
-        self.region = region
+        self.region = harness.region
         self.expected_output = job["output"]
         # TF32 off: fp32 problems are compared against true fp32 (hack 11).
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-        init_inputs = self._read(job["init"], self.layout.inputs_at, self.layout.outputs_at)
+        init_inputs = harness.read(job["init"], self.layout.inputs_at, self.layout.outputs_at)
         self.timing_snapshot = snapshot_timing_functions()
         self.calls = ExtensionCalls()
         hook_load_inline({k: tuple(v) for k, v in job.get("prebuilt", {}).items()}, self.calls)
@@ -77,16 +121,13 @@ class Runner:
         with stage("runtime_error", "constructing ModelNew raised"):
             torch.manual_seed(int(job["seed"]))  # the seed the reference's Model was built with, as KernelBench does
             self.model = namespace["ModelNew"](*init_inputs).to(self.device)
-        self.flusher = CacheFlusher(self.device)
-        self.timer = Timer(self.device)
+        # made before any candidate code ran
+        self.flusher = harness.flusher
+        self.timer = harness.timer
         self.load_s = round(time.perf_counter() - t0, 4)
 
     def _read(self, header: Any, start: int, end: int) -> Any:
-        try:
-            validate(header, start, end)
-            return read_values(header, self.region.mapped(end), self.device)
-        except HeaderError as exc:
-            raise Rejected("crashed", f"evaluator error: bad request ({exc})") from exc
+        return self.harness.read(header, start, end)
 
     def trial(self, request: dict[str, Any]) -> dict[str, Any]:
         from kevin_exp.bench.runtime_guard import ForbiddenOpError, block_torch_compute
