@@ -183,3 +183,12 @@ def test_hidden_time_is_measured_against_the_calibration_and_acts_only_when_swit
     assert v.status is Status.OK and v.extra["hidden_ms"] == pytest.approx(2.0)
     v = judge(lying, BenchConfig(hidden_time_check=True, hidden_time_factor=0.5, hidden_time_slack_ms=0.25))
     assert v.status is Status.SUSPECT and v.rule == "timing_inconsistent" and "more (parent's clock)" in v.reason
+
+
+def test_a_recheck_rebases_the_first_speedup_on_the_re_timed_reference():
+    config = BenchConfig(recheck_speedup=5.0, recheck_tolerance=1.5)
+    first = judge(ok_outcome(ref_ms=80.0, new_ms=1.0), config)  # the cached reference time was disturbed: 80 ms
+    second = judge(ok_outcome(ref_ms=40.0, new_ms=1.1), config)  # re-timed: 40 ms
+    v = apply_recheck(first, second, config)
+    assert v.status is Status.OK and v.ref_runtime_ms == 40.0 and v.speedup == pytest.approx(40.0)
+    assert v.extra["recheck"]["first"]["speedup"] == 80.0 and "re-timed for the recheck" in v.reason

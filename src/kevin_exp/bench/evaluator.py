@@ -264,7 +264,7 @@ class Evaluator:
             if outcome.needs_build is None:
                 verdict = self._judge(pending, outcome, run_s)
                 if needs_recheck(verdict, self.config):
-                    outcome, again_s = slot.run(self._job(pending))
+                    outcome, again_s = slot.run(self._job(pending), refresh_reference=True)
                     verdict = apply_recheck(verdict, self._judge(pending, outcome, again_s), self.config)
                     verdict.run_s = round(run_s + again_s, 4)
                 return verdict

@@ -46,14 +46,16 @@ class RunSlot:
                                                self.config.max_output_bytes)
         return self._reference
 
-    def run(self, job: RunJob, seed: int | None = None) -> tuple[RunOutcome, float]:
-        """Run one candidate in a fresh runner: its outcome, and the seconds the run took."""
+    def run(self, job: RunJob, seed: int | None = None, refresh_reference: bool = False) -> tuple[RunOutcome, float]:
+        """Run one candidate in a fresh runner: its outcome, and the seconds the run took. ``refresh_reference``
+        times the reference again first (a recheck does)."""
         ref = self.reference()
         worker = self._take()
         if self.config.backend == "cuda":
             self._top_up()  # the next ones start while this one runs (on CPU they would take the timed run's cores)
         t0 = time.monotonic()
-        outcome = run_protocol(ref, worker, self.exchange_fd, self.timings, job, self.config, seed, quiet=self._quiet)
+        outcome = run_protocol(ref, worker, self.exchange_fd, self.timings, job, self.config, seed, quiet=self._quiet,
+                               refresh_reference=refresh_reference)
         run_s = time.monotonic() - t0
         self._retire(worker)
         if outcome.status == "reference_failed" and not ref.alive():
