@@ -146,9 +146,31 @@ class EvaluatorConfig:
     timed_trials: int = number(100, ge=1)
     seed: int = 42
     tolerances: dict[str, Tolerance] = field(default_factory=_default_tolerances)
+    # informational flag on verdicts above this speedup (the recheck below is what acts)
     excessive_speedup: float = number(10.0, gt=0)
+    # a speedup above recheck_speedup is re-timed in a fresh runner on fresh inputs; if the two differ by more
+    # than the factor recheck_tolerance the verdict is `suspect` and scores 0
+    recheck_speedup: float = number(5.0, gt=0)
+    recheck_tolerance: float = number(1.5, ge=1)
+    # with hidden_time_check: `suspect` when timed calls take (parent's clock) more beyond their reported time
+    # than calls of a stand-in made before the candidate loaded, by over hidden_time_factor x its time +
+    # hidden_time_slack_ms (off by default: noisy on a busy machine; the measure is recorded either way)
+    hidden_time_check: bool = False
+    hidden_time_factor: float = number(0.5, ge=0)
+    hidden_time_slack_ms: float = number(0.25, ge=0)
+    # cap on the speedup term of the reward (0: no cap)
+    max_speedup: float = number(0.0, ge=0)
     compile_timeout_s: float = number(300.0, gt=0)
-    run_timeout_s: float = number(120.0, gt=0)
+    # the trial phase's deadline: clamp(hang_floor_s + hang_factor x the reference's time for the protocol,
+    # hang_floor_s, hang_ceiling_s); loading the candidate has load_timeout_s of its own
+    hang_floor_s: float = number(15.0, gt=0)
+    hang_factor: float = number(20.0, ge=0)
+    hang_ceiling_s: float = number(120.0, gt=0)
+    load_timeout_s: float = number(60.0, gt=0)
+    # bytes of inputs and expected outputs the reference process prepares at a time
+    chunk_bytes: int = number(1 << 30, ge=1)
+    # the candidate's runner may not create threads or processes once warm (seccomp)
+    forbid_new_tasks: bool = True
     memory_limit_gb: float = number(8.0, gt=0)
     feedback_chars: int = number(2000, ge=0)
     # 0: from cores and memory / one run slot per GPU (cpu: 1)
@@ -167,6 +189,9 @@ class EvaluatorConfig:
         for dtype, tol in self.tolerances.items():
             if tol.atol < 0 or tol.rtol < 0:
                 problems.append(f"{prefix}tolerances.{dtype}: atol and rtol must be >= 0")
+        if self.hang_floor_s > self.hang_ceiling_s:
+            problems.append(f"{prefix}hang_floor_s={self.hang_floor_s} is above {prefix}hang_ceiling_s="
+                            f"{self.hang_ceiling_s}: lower the floor or raise the ceiling")
         return problems
 
     def resolved_backend(self) -> str:

@@ -45,7 +45,7 @@ def turn_row(run_id: str, split: str, step: int, s: TurnSample, settings: Mappin
         "score": r.score, "return": s.ret, "advantage": s.advantage, "response_tokens": len(s.response_ids),
         "prompt_tokens": len(s.prompt_ids), "dropped_attempts": s.dropped_attempts, "truncated": s.truncated,
         "not_okay": is_not_okay(s.text, usual_opening), "excessive_speedup": r.excessive_speedup,
-        "reason": r.reason[:300], "device": r.device, "backend": backend, **settings,
+        "suspect": r.suspect, "reason": r.reason[:300], "device": r.device, "backend": backend, **settings,
     }
 
 
@@ -64,6 +64,7 @@ def metrics_row(run_id: str, step: int, samples: list[TurnSample], stats: Mappin
         "reward_mean": float(np.mean(scores)) if scores else 0.0, "reward_max": max(scores, default=0.0),
         "correct_ratio": sum(s.result.correct for s in samples) / n, "correct_per_turn": per_turn,
         "format_error_ratio": sum(s.result.status == "format_error" for s in samples) / n,
+        "suspect_ratio": sum(s.result.suspect for s in samples) / n,
         "speedup_mean": float(np.mean(speedups)) if speedups else None,
         "status_counts": dict(Counter(s.result.status for s in samples)),
         "response_tokens_mean": float(np.mean([len(s.response_ids) for s in samples])) if samples else 0.0,

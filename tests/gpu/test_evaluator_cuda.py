@@ -18,7 +18,7 @@ def item(name: str) -> EvalItem:
 
 @pytest.fixture(scope="module")
 def evaluator(build_cache):
-    with Evaluator(BenchConfig(backend="cuda", run_timeout_s=60, cache_dir=build_cache)) as ev:
+    with Evaluator(BenchConfig(backend="cuda", hang_ceiling_s=60, cache_dir=build_cache)) as ev:
         yield ev
 
 
@@ -26,6 +26,8 @@ def test_correct_cuda_kernel_is_ok(evaluator):
     [v] = evaluator.evaluate([item("ok")])
     assert v.status is Status.OK, v.feedback
     assert v.speedup > 0.5 and v.runtime_stats.trials == 100
+    assert v.extra["checked_calls"] == 5 + 5 + 100 + 1  # every call on fresh inputs, every output checked
+    assert v.outside_runtime_ms >= v.runtime_ms
     assert "H100" in v.device or "H200" in v.device or v.device
 
 
@@ -57,9 +59,10 @@ def test_illegal_memory_access_then_next_candidate(evaluator):
 
 
 def test_hanging_kernel_times_out(build_cache):
-    with Evaluator(BenchConfig(backend="cuda", run_timeout_s=30, cache_dir=build_cache)) as ev:
+    with Evaluator(BenchConfig(backend="cuda", hang_floor_s=5, hang_ceiling_s=30, cache_dir=build_cache)) as ev:
         hang, good = ev.evaluate([item("hang"), item("ok")])
     assert hang.status is Status.TIMEOUT
+    assert 5 <= hang.time_limit_s < 10, hang.time_limit_s  # scaled from a sub-millisecond reference
     assert good.status is Status.OK, good.feedback
 
 
@@ -67,6 +70,7 @@ def test_cache_hit_on_second_evaluation(evaluator):
     evaluator.evaluate([item("ok")])
     [v] = evaluator.evaluate([item("ok")])
     assert v.cache_hit and v.compile_s == 0.0
+    assert v.extra["ref_timing_cached"]  # the reference was timed once, by the trusted process
 
 
 def test_builtin_cuda_solutions_are_correct(evaluator):

@@ -1,4 +1,4 @@
-"""The evaluator end to end on the cpu backend: real compiles, real sandboxed workers."""
+"""The evaluator end to end on the cpu backend: real compiles, a real reference process and sandboxed runners."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +25,7 @@ def item(name: str, reference: str = RELU) -> EvalItem:
 
 @pytest.fixture(scope="module")
 def evaluator(build_cache):
-    config = BenchConfig(backend="cpu", timed_trials=30, warmup_trials=2, run_timeout_s=90, cache_dir=build_cache)
+    config = BenchConfig(backend="cpu", timed_trials=30, warmup_trials=2, cache_dir=build_cache)
     with Evaluator(config) as ev:
         yield ev
 
@@ -36,7 +36,7 @@ def test_correct_kernel_is_ok_with_speedup(evaluator):
     assert v.correct and v.speedup is not None and v.speedup > 0
     assert v.runtime_ms > 0 and v.ref_runtime_ms > 0
     assert v.runtime_stats.trials == 30 and v.ref_runtime_stats.trials == 30
-    assert v.correctness_trials == 5 and v.atol == pytest.approx(1e-2)
+    assert v.correctness_trials == 5 + 1 and v.atol == pytest.approx(1e-2)  # one more after timing
     assert v.device.startswith("cpu") and v.backend == "cpu"
 
 
@@ -87,10 +87,11 @@ def test_crashes_become_verdicts_and_the_batch_goes_on(evaluator):
     assert ok2.status is Status.OK, ok2.reason + ok2.feedback
 
 
-def test_a_forged_result_is_forbidden_and_the_batch_goes_on(evaluator):
-    """Native code writes an `ok` result with a 1000x speedup to every descriptor and exits: unsigned, it is void."""
+def test_a_forged_result_counts_for_nothing_and_the_batch_goes_on(evaluator):
+    """Native code writes an `ok` result with a 1000x speedup to every descriptor and exits: the verdict is built in
+    the parent from the reference process's checks, so a message on the runner's reply pipe decides nothing."""
     forged, ok = evaluator.evaluate([item("forged_result"), item("ok")])
-    assert forged.status is Status.FORBIDDEN and forged.rule == "result_forged", forged.reason
+    assert forged.status is Status.FORBIDDEN and forged.rule == "protocol_violation", forged.reason
     assert not forged.correct and forged.speedup is None
     assert ok.status is Status.OK, ok.reason
 
@@ -106,7 +107,9 @@ def test_build_flags_that_run_programs_are_refused_before_any_compile(evaluator)
 
 def test_hang_times_out_and_fork_bomb_is_contained(build_cache):
     rules = CheckRules(no_concurrency=False)
-    config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, run_timeout_s=20, cache_dir=build_cache, rules=rules)
+    # without the no-new-tasks filter, so the fork bomb runs and the sandbox's own limits must contain it
+    config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, hang_floor_s=10, hang_ceiling_s=20, cache_dir=build_cache,
+                         rules=rules, forbid_new_tasks=False)
     with Evaluator(config) as ev:
         hang, bomb, ok = ev.evaluate([item("hang"), item("fork_bomb"), item("ok")])
     assert hang.status is Status.TIMEOUT
@@ -116,12 +119,13 @@ def test_hang_times_out_and_fork_bomb_is_contained(build_cache):
 
 @pytest.mark.parametrize("sandbox", ["process", "auto"])
 def test_nothing_a_candidate_started_outlives_its_verdict(build_cache, sandbox):
-    """A child forked by native code is ended with its worker, in both isolation levels (the verdict itself
-    does not wait for the worker's exit)."""
+    """A child forked by native code is ended with its runner, in both isolation levels (the verdict itself
+    does not wait for the runner's exit)."""
     name = f"kxo{os.getpid() % 10000}{sandbox[0]}"
     source = cand("orphan_child").replace("ORPHAN_NAME", name)
     rules = CheckRules(no_concurrency=False)
-    config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, cache_dir=build_cache, rules=rules, sandbox=sandbox)
+    config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, cache_dir=build_cache, rules=rules, sandbox=sandbox,
+                         forbid_new_tasks=False)  # the filter would refuse the fork: this tests the clean-up
     with Evaluator(config) as ev:
         [v] = ev.evaluate([EvalItem("orphan", RELU, source)])
         assert v.status is Status.OK, v.reason

@@ -82,3 +82,19 @@ def test_an_alias_set_either_way_is_the_value_of_both(knob, alias, value):
         assert getattr(cfg, knob) == value == getattr(getattr(cfg, group), name)
     with pytest.raises(ConfigError, match=f"{knob}=.* and {alias}=.* are the same setting with two values"):
         compose_train([f"{alias}={value}", f"{knob}={'0.1' if knob == 'gamma' else 'sequence'}"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("evaluator.recheck_tolerance=0.5", "evaluator.recheck_tolerance=0.5: expected >= 1"),
+    ("evaluator.hang_floor_s=0", "evaluator.hang_floor_s=0.0: expected > 0"),
+    ("evaluator.max_speedup=-1", "evaluator.max_speedup=-1.0: expected >= 0"),
+])
+def test_the_timing_protocol_settings_are_checked(override, message):
+    with pytest.raises(ConfigError) as caught:
+        compose_train([override])
+    assert message in str(caught.value)
+
+
+def test_a_hang_floor_above_the_ceiling_is_refused():
+    with pytest.raises(ConfigError, match="evaluator.hang_floor_s=200.0 is above evaluator.hang_ceiling_s=120.0"):
+        compose_train(["evaluator.hang_floor_s=200"])

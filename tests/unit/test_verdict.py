@@ -1,61 +1,60 @@
-"""The verdict on a run, built from the worker's raw outcome alone: no worker, no compile, no I/O."""
+"""The verdict on a run, built from what the parent saw of it: no process, no compile, no I/O."""
 from __future__ import annotations
 
 import pytest
 
 from kevin_exp.bench.config import BenchConfig
+from kevin_exp.bench.protocol import RunOutcome, schedule, trial_limit_s
 from kevin_exp.bench.verdict import (
     Status,
     TimingStats,
     Verdict,
+    apply_recheck,
     make_verdict,
+    needs_recheck,
+    rechecks_disagree,
+    reported_exceeds_outside,
     verdict_from_run,
 )
-from kevin_exp.bench.worker_process import WorkerOutcome
+from kevin_exp.bench.worker_process import Ended
 
-CONFIG = BenchConfig(feedback_chars=400, excessive_speedup=10.0, run_timeout_s=30.0, memory_limit_gb=4.0)
+CONFIG = BenchConfig(feedback_chars=400, excessive_speedup=10.0, hang_floor_s=10.0, hang_ceiling_s=30.0, memory_limit_gb=4.0)
 ISOLATION = "process(new session, rlimits)"
+LIMITS = {"load_s": 60.0, "trials_s": 12.5}
 
 
-def stats(median_ms: float) -> dict:
-    return {"median_ms": median_ms, "mean_ms": median_ms, "std_ms": 0.0, "min_ms": median_ms,
-            "max_ms": median_ms, "p25_ms": median_ms, "p75_ms": median_ms, "trials": 100}
-
-
-def outcome(result: dict | None = None, returncode: int | None = 0, output_tail: str = "", **kw) -> WorkerOutcome:
-    fields = dict(timed_out=False, memory_exceeded=False, output_bytes=len(output_tail), seconds=1.0)
+def outcome(status: str = "ok", **kw) -> RunOutcome:
+    fields = dict(device="cpu: test", limits=dict(LIMITS), phases={"load_s": 0.1}, correctness_trials=5,
+                  max_abs_diff=1e-6, checked_calls=8)
     fields.update(kw)
-    return WorkerOutcome(result=result, returncode=returncode, output_tail=output_tail, **fields)
+    return RunOutcome(status=status, **fields)
 
 
-def ok_result(ref_ms: float, new_ms: float) -> dict:
-    return {
-        "status": "ok", "device": "cpu: test", "phases": {"load_s": 0.1},
-        "correctness_trials": 5, "max_abs_diff": 1e-6, "atol": 1e-2, "rtol": 1e-2,
-        "runtime_stats": stats(new_ms), "ref_runtime_stats": stats(ref_ms),
-    }
+def ok_outcome(ref_ms: float, new_ms: float, outside_ms: float | None = None) -> RunOutcome:
+    return outcome(new_ms=[new_ms] * 3, ref_ms=[ref_ms] * 3, outside_ms=[new_ms + 0.5 if outside_ms is None else outside_ms] * 3)
 
 
-def judge(o: WorkerOutcome, config: BenchConfig = CONFIG) -> Verdict:
+def judge(o: RunOutcome, config: BenchConfig = CONFIG) -> Verdict:
     return verdict_from_run("p1", o, config, isolation=ISOLATION, compile_s=2.5, run_s=1.25, cache_hit=True)
 
 
-def test_ok_carries_the_speedup_timings_and_the_run_record():
-    v = judge(outcome(ok_result(ref_ms=4.0, new_ms=2.0)))
+def test_ok_carries_the_speedup_timings_limit_and_the_run_record():
+    v = judge(ok_outcome(ref_ms=4.0, new_ms=2.0))
     assert v.status is Status.OK and v.correct and v.rule is None
     assert v.speedup == pytest.approx(2.0) and not v.excessive_speedup
-    assert (v.runtime_ms, v.ref_runtime_ms) == (2.0, 4.0)
-    assert v.runtime_stats == TimingStats(**stats(2.0)) and v.ref_runtime_stats == TimingStats(**stats(4.0))
+    assert (v.runtime_ms, v.ref_runtime_ms, v.outside_runtime_ms) == (2.0, 4.0, 2.5)
+    assert v.runtime_stats == TimingStats.from_samples([2.0] * 3) and v.ref_runtime_stats.median_ms == 4.0
     assert v.reason == "correct; speedup 2x over PyTorch eager (4 ms -> 2 ms)" == v.feedback
     assert (v.correctness_trials, v.max_abs_diff, v.atol, v.rtol) == (5, 1e-6, 1e-2, 1e-2)
-    assert v.extra == {"phases": {"load_s": 0.1}}
+    assert v.time_limit_s == 12.5 and v.extra["limits"] == LIMITS and v.extra["phases"] == {"load_s": 0.1}
     assert (v.problem_id, v.device, v.backend, v.isolation) == ("p1", "cpu: test", "cpu", ISOLATION)
     assert (v.compile_s, v.run_s, v.cache_hit) == (2.5, 1.25, True)
+    assert Verdict.from_json(v.to_json()) == v
 
 
 @pytest.mark.parametrize("ref_ms, new_ms, flagged", [(10.0, 1.0, False), (10.5, 1.0, True), (1.0, 0.0, True)])
 def test_a_speedup_above_the_threshold_is_flagged_but_still_ok(ref_ms, new_ms, flagged):
-    v = judge(outcome(ok_result(ref_ms, new_ms)))
+    v = judge(ok_outcome(ref_ms, new_ms))
     assert v.status is Status.OK and v.correct
     assert v.excessive_speedup is flagged
     assert ("flagged: speedup above 10x" in v.reason) is flagged
@@ -63,10 +62,15 @@ def test_a_speedup_above_the_threshold_is_flagged_but_still_ok(ref_ms, new_ms, f
         assert v.speedup == float("inf")
 
 
-def test_incorrect_keeps_the_workers_reason_and_no_timings():
-    result = {"status": "incorrect", "reason": "trial 1/5: output mismatch", "rule": None, "detail": "ignored",
-              "device": "cpu: test", "correctness_trials": 5}
-    v = judge(outcome(result))
+def test_a_reported_time_longer_than_the_outside_measure_is_suspect():
+    v = judge(ok_outcome(ref_ms=4.0, new_ms=2.0, outside_ms=1.0))
+    assert v.status is Status.SUSPECT and not v.correct and v.rule == "timing_inconsistent"
+    assert v.runtime_ms == 2.0 and v.outside_runtime_ms == 1.0  # both recorded
+    assert reported_exceeds_outside([1.0, 2.0, 3.0], [1.5, 1.9, 3.0]) == [1]
+
+
+def test_incorrect_keeps_the_reason_and_no_timings():
+    v = judge(outcome("incorrect", reason="trial 1/5: output mismatch", detail="ignored"))
     assert v.status is Status.INCORRECT and not v.correct
     assert v.reason == v.feedback == "trial 1/5: output mismatch"
     assert v.speedup is None and v.runtime_stats is None and not v.excessive_speedup
@@ -74,44 +78,38 @@ def test_incorrect_keeps_the_workers_reason_and_no_timings():
 
 
 def test_a_runtime_error_adds_the_traceback_to_the_feedback():
-    result = {"status": "runtime_error", "reason": "your forward raised: ValueError: x", "rule": None,
-              "detail": "Traceback ...\nValueError: x"}
-    v = judge(outcome(result))
+    v = judge(outcome("runtime_error", reason="your forward raised: ValueError: x", detail="Traceback ...\nValueError: x"))
     assert v.status is Status.RUNTIME_ERROR
     assert v.reason == "your forward raised: ValueError: x"
     assert v.feedback == "your forward raised: ValueError: x\nTraceback ...\nValueError: x"
 
 
-def test_a_runtime_rule_reported_by_the_worker_is_forbidden_with_its_rule():
-    result = {"status": "forbidden", "reason": "forward called the PyTorch op mm", "rule": "runtime_torch_op",
-              "detail": ""}
-    v = judge(outcome(result))
+def test_a_runtime_rule_reported_by_the_runner_is_forbidden_with_its_rule():
+    v = judge(outcome("forbidden", reason="forward called the PyTorch op mm", rule="runtime_torch_op"))
     assert v.status is Status.FORBIDDEN and v.rule == "runtime_torch_op" and not v.correct
 
 
-def test_a_forged_result_is_forbidden_whatever_it_claims():
-    v = judge(outcome(ok_result(ref_ms=100.0, new_ms=1.0), forged=True, timed_out=True))
-    assert v.status is Status.FORBIDDEN and v.rule == "result_forged"
-    assert not v.correct and v.speedup is None
-    assert "forged" in v.reason and v.device == "cpu: test"
+def test_a_failed_reference_is_an_evaluator_error():
+    v = judge(outcome("reference_failed", reason="the reference program failed: ValueError: x"))
+    assert v.status is Status.CRASHED and v.reason.startswith("evaluator error: the reference program failed")
 
 
-def test_timeout_and_memory_limit():
-    v = judge(outcome(None, returncode=-9, timed_out=True))
-    assert v.status is Status.TIMEOUT and v.reason.startswith("the run exceeded its 30 s limit")
-    v = judge(outcome(None, returncode=-9, memory_exceeded=True))
+def test_timeout_names_the_applied_limit_and_the_phase():
+    v = judge(outcome("ended", ended=Ended("timeout"), phase="trials", trial=7))
+    assert v.status is Status.TIMEOUT and v.reason.startswith("the run exceeded its 12.5 s limit during call 8")
+    assert v.time_limit_s == 12.5
+    v = judge(outcome("ended", ended=Ended("timeout"), phase="load"))
+    assert v.reason.startswith("the run exceeded its 60 s limit during loading your module")
+    v = judge(outcome("ended", ended=Ended("memory"), returncode=-9))
     assert v.status is Status.CRASHED and v.reason == "the run exceeded the 4 GB memory limit"
 
 
-@pytest.mark.parametrize("returncode, tail, result, how", [
-    (-11, "Fatal Python error: Segmentation fault", None, "killed by SIGSEGV"),
-    (128 + 9, "", None, "killed by SIGKILL"),  # unshare reports a killed child as 128 + signal
-    (1, "unshare: sigprocmask unblock failed", None, "killed by SIGKILL"),
-    (3, "", None, "exited with code 3"),
-    (3, "", {"worker_error": "sandbox setup failed: mount"}, "sandbox setup failed: mount"),
+@pytest.mark.parametrize("returncode, signal, tail, how", [
+    (-11, "SIGSEGV", "Fatal Python error: Segmentation fault", "killed by SIGSEGV"),
+    (3, None, "", "exited with code 3"),
 ])
-def test_an_exit_without_a_result_is_a_crash_that_says_how(returncode, tail, result, how):
-    v = judge(outcome(result, returncode=returncode, output_tail=tail))
+def test_an_exit_without_a_result_is_a_crash_that_says_how(returncode, signal, tail, how):
+    v = judge(outcome("ended", ended=Ended("exited"), returncode=returncode, signal=signal, output_tail=tail))
     assert v.status is Status.CRASHED and not v.correct
     assert v.reason == f"the process running your code {how} before reporting a result"
     assert v.feedback == v.reason + (f"\n{tail}" if tail else "")
@@ -119,10 +117,50 @@ def test_an_exit_without_a_result_is_a_crash_that_says_how(returncode, tail, res
 
 def test_a_cuda_error_is_named_and_long_output_is_trimmed():
     tail = "x" * 5000 + "\nCUDA error: an illegal memory access was encountered"
-    v = judge(outcome(None, returncode=-6, output_tail=tail))
+    v = judge(outcome("ended", ended=Ended("exited"), returncode=-6, signal="SIGABRT", output_tail=tail))
     assert v.status is Status.CRASHED and v.reason.endswith("(CUDA error)")
     assert len(v.feedback) <= CONFIG.feedback_chars + len("\n[... trimmed ...]\n")
     assert v.feedback.startswith(v.reason)
+
+
+@pytest.mark.parametrize("first, second, tolerance, disagree", [
+    (8.0, 7.0, 1.5, False), (8.0, 5.0, 1.5, True), (5.0, 8.0, 1.5, True), (8.0, 8.0, 1.0, False), (8.0, 0.0, 1.5, True),
+])
+def test_rechecks_disagree_beyond_the_tolerance_factor_either_way(first, second, tolerance, disagree):
+    assert rechecks_disagree(first, second, tolerance) is disagree
+
+
+def test_a_recheck_that_disagrees_makes_the_verdict_suspect_with_both_timings():
+    config = BenchConfig(recheck_speedup=5.0, recheck_tolerance=1.5)
+    first = judge(ok_outcome(ref_ms=80.0, new_ms=1.0), config)
+    assert needs_recheck(first, config)
+    second = judge(ok_outcome(ref_ms=80.0, new_ms=20.0), config)
+    v = apply_recheck(first, second, config)
+    assert v.status is Status.SUSPECT and not v.correct and v.rule == "recheck_disagrees"
+    record = v.extra["recheck"]
+    assert (record["first"]["speedup"], record["second"]["speedup"]) == (80.0, 4.0)
+    assert "re-timed" in v.reason
+
+
+def test_a_recheck_that_agrees_keeps_ok_and_one_that_fails_is_the_failure():
+    config = BenchConfig(recheck_speedup=5.0, recheck_tolerance=1.5)
+    first = judge(ok_outcome(ref_ms=80.0, new_ms=1.0), config)
+    v = apply_recheck(first, judge(ok_outcome(ref_ms=80.0, new_ms=1.2), config), config)
+    assert v.status is Status.OK and v.correct and v.extra["recheck"]["second"]["runtime_ms"] == 1.2
+    first = judge(ok_outcome(ref_ms=80.0, new_ms=1.0), config)
+    v = apply_recheck(first, judge(outcome("incorrect", reason="wrong output on timed call 3: x"), config), config)
+    assert v.status is Status.INCORRECT and "recheck after a 80x speedup" in v.reason
+    assert not needs_recheck(judge(ok_outcome(ref_ms=4.0, new_ms=1.0), config), config)
+
+
+def test_the_trial_limit_scales_with_the_reference_between_floor_and_ceiling():
+    config = BenchConfig(hang_floor_s=15.0, hang_factor=20.0, hang_ceiling_s=120.0, correctness_trials=5,
+                         warmup_trials=5, timed_trials=100)
+    n = len(schedule(config))
+    assert n == 111 and schedule(config)[-1] == "check" and schedule(config)[5:10] == ["warmup"] * 5
+    assert trial_limit_s(0.01, n, config) == pytest.approx(15.0 + 20 * 0.01e-3 * n)
+    assert trial_limit_s(10.0, n, config) == pytest.approx(15.0 + 20 * 1.11)
+    assert trial_limit_s(1000.0, n, config) == 120.0
 
 
 def test_make_verdict_uses_the_reason_as_feedback_and_trims_it():
@@ -131,3 +169,26 @@ def test_make_verdict_uses_the_reason_as_feedback_and_trims_it():
     v = make_verdict("p2", Status.FORBIDDEN, "why", CONFIG, ISOLATION, rule="pass", feedback="all of it")
     assert (v.reason, v.feedback, v.rule, v.backend, v.isolation) == ("why", "all of it", "pass", "cpu", ISOLATION)
     assert Verdict.from_json(v.to_json()) == v
+
+
+def test_hidden_time_is_measured_against_the_calibration_and_acts_only_when_switched_on():
+    from kevin_exp.bench.verdict import hidden_time_ms
+
+    # calls cost 2 ms around the reported time before the candidate loaded, 2.3 ms after: 0.3 ms hidden
+    assert hidden_time_ms([1.0, 1.0], [3.3, 3.3], [0.1, 0.1], [2.1, 2.1]) == pytest.approx(0.3)
+    assert hidden_time_ms([1.0], [3.0], [], []) == 0.0
+    lying = outcome(new_ms=[1.0] * 3, ref_ms=[8.0] * 3, outside_ms=[5.0] * 3, calibration_ms=[0.1] * 3,
+                    calibration_outside_ms=[2.1] * 3)  # 2 ms more than the path costs: the runner hid it
+    v = judge(lying)
+    assert v.status is Status.OK and v.extra["hidden_ms"] == pytest.approx(2.0)
+    v = judge(lying, BenchConfig(hidden_time_check=True, hidden_time_factor=0.5, hidden_time_slack_ms=0.25))
+    assert v.status is Status.SUSPECT and v.rule == "timing_inconsistent" and "more (parent's clock)" in v.reason
+
+
+def test_a_recheck_rebases_the_first_speedup_on_the_re_timed_reference():
+    config = BenchConfig(recheck_speedup=5.0, recheck_tolerance=1.5)
+    first = judge(ok_outcome(ref_ms=80.0, new_ms=1.0), config)  # the cached reference time was disturbed: 80 ms
+    second = judge(ok_outcome(ref_ms=40.0, new_ms=1.1), config)  # re-timed: 40 ms
+    v = apply_recheck(first, second, config)
+    assert v.status is Status.OK and v.ref_runtime_ms == 40.0 and v.speedup == pytest.approx(40.0)
+    assert v.extra["recheck"]["first"]["speedup"] == 80.0 and "re-timed for the recheck" in v.reason

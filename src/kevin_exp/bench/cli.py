@@ -39,7 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timed-trials", type=int, default=BenchConfig.timed_trials)
     p.add_argument("--warmup-trials", type=int, default=BenchConfig.warmup_trials)
     p.add_argument("--compile-timeout", type=float, default=BenchConfig.compile_timeout_s)
-    p.add_argument("--run-timeout", type=float, default=BenchConfig.run_timeout_s)
+    p.add_argument("--hang-floor", type=float, default=BenchConfig.hang_floor_s, help="seconds: the least a run may take")
+    p.add_argument("--hang-ceiling", type=float, default=BenchConfig.hang_ceiling_s, help="seconds: the most a run may take")
+    p.add_argument("--recheck-speedup", type=float, default=BenchConfig.recheck_speedup,
+                   help="speedups above this are re-timed in a fresh process before they count")
     p.add_argument("--memory-limit-gb", type=float, default=BenchConfig.memory_limit_gb)
     p.add_argument("--cache-dir", type=Path, default=None)
     p.add_argument("--build-mode", choices=("fast", "torch"), default="fast")
@@ -67,7 +70,9 @@ def _bench_config(args: argparse.Namespace, backend: str, rules: CheckRules) -> 
         timed_trials=args.timed_trials,
         warmup_trials=args.warmup_trials,
         compile_timeout_s=args.compile_timeout,
-        run_timeout_s=args.run_timeout,
+        hang_floor_s=args.hang_floor,
+        hang_ceiling_s=args.hang_ceiling,
+        recheck_speedup=args.recheck_speedup,
         memory_limit_gb=args.memory_limit_gb,
         cache_dir=args.cache_dir,
         build_mode=args.build_mode,

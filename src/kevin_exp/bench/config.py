@@ -77,13 +77,33 @@ class BenchConfig:
     timed_trials: int = 100
     seed: int = 42
     tolerances: dict[str, Tolerance] = field(default_factory=_default_tolerances)
+    # informational flag on a verdict whose speedup is above this (the recheck below is what acts)
     excessive_speedup: float = 10.0
-    # distinct input sets cycled through the timed trials (in place, same pointers) to expose caching
-    timing_input_sets: int = 2
-    # timed outputs checked against the reference every this many trials (0: never)
-    timing_check_every: int = 10
+    # a speedup above this is re-timed in a fresh runner with fresh inputs before it counts
+    recheck_speedup: float = 5.0
+    # the two speedups may differ by at most this factor; more makes the verdict `suspect` (scores 0)
+    recheck_tolerance: float = 1.5
+    # with hidden_time_check, a run is `suspect` when its timed calls take, by the parent's clock, more beyond
+    # their reported time than calls of a stand-in made before the candidate was loaded, by over factor x its
+    # time + slack. Off by default: the path around a call (cache flush, copies, messages) varies by
+    # milliseconds on a busy machine; the measure (`extra["hidden_ms"]`) is recorded either way.
+    hidden_time_check: bool = False
+    hidden_time_factor: float = 0.5
+    hidden_time_slack_ms: float = 0.25
+    # reward cap applied where the reward is computed (0: no cap)
+    max_speedup: float = 0.0
     compile_timeout_s: float = 300.0
-    run_timeout_s: float = 120.0
+    # the trial phase's deadline: clamp(hang_floor_s + hang_factor x the reference's time for the whole
+    # protocol, hang_floor_s, hang_ceiling_s)
+    hang_floor_s: float = 15.0
+    hang_factor: float = 20.0
+    hang_ceiling_s: float = 120.0
+    # loading the candidate and constructing ModelNew (it may import a module)
+    load_timeout_s: float = 60.0
+    # the trusted reference process prepares inputs and expected outputs in chunks of at most this many bytes
+    chunk_bytes: int = 1 << 30
+    # the candidate's runner may not create threads or processes once warm (kevin_exp.bench.seccomp)
+    forbid_new_tasks: bool = True
     # per-worker resident memory limit (cpu backend also gets an address-space limit)
     memory_limit_gb: float = 8.0
     max_output_bytes: int = 1 << 20
@@ -110,6 +130,18 @@ class BenchConfig:
             raise ValueError(f"sandbox={self.sandbox!r}: expected 'auto', 'namespace' or 'process'")
         if self.correctness_trials < 1 or self.timed_trials < 1:
             raise ValueError("correctness_trials and timed_trials must be >= 1")
+        if not 0 < self.hang_floor_s <= self.hang_ceiling_s:
+            raise ValueError(f"hang_floor_s={self.hang_floor_s}, hang_ceiling_s={self.hang_ceiling_s}: expected "
+                             "0 < hang_floor_s <= hang_ceiling_s")
+        if self.hang_factor < 0 or self.load_timeout_s <= 0:
+            raise ValueError("hang_factor must be >= 0 and load_timeout_s > 0")
+        if self.recheck_speedup <= 0 or self.recheck_tolerance < 1:
+            raise ValueError(f"recheck_speedup={self.recheck_speedup}, recheck_tolerance={self.recheck_tolerance}: "
+                             "expected recheck_speedup > 0 and recheck_tolerance >= 1")
+        if self.hidden_time_factor < 0 or self.hidden_time_slack_ms < 0:
+            raise ValueError("hidden_time_factor and hidden_time_slack_ms must be >= 0")
+        if self.max_speedup < 0 or self.chunk_bytes < 1:
+            raise ValueError("max_speedup must be >= 0 (0: no cap) and chunk_bytes >= 1")
 
     def tolerance_for(self, dtype_name: str) -> Tolerance:
         return self.tolerances.get(dtype_name, self.tolerances["float32"])

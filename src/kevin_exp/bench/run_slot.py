@@ -1,6 +1,7 @@
-"""Run slots: the serial stage. A slot owns one device (or a CPU share) and runs one job at a time, each in
-a fresh sandboxed worker, while a few standby workers keep starting so a worker's cold start (sandbox,
-torch, CUDA, the op guard) is not paid per candidate."""
+"""Run slots: the serial stage. A slot owns one device (or a CPU share) and runs one candidate at a time:
+its warm trusted reference process, and a fresh sandboxed runner per candidate, taken from standby runners
+that keep starting so a runner's cold start (sandbox, torch, CUDA, the op guard) is not paid per candidate.
+The two share one memfd (``exchange``) for tensors; the parent drives them in lockstep (``protocol``)."""
 from __future__ import annotations
 
 import os
@@ -8,11 +9,13 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 from kevin_exp.bench.config import BenchConfig
+from kevin_exp.bench.exchange import ALIGN, new_exchange_fd
+from kevin_exp.bench.protocol import RunJob, RunOutcome, run_protocol
+from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceProcess, ReferenceTimings
 from kevin_exp.bench.sandbox import SandboxPolicy
-from kevin_exp.bench.worker_process import WorkerOutcome, WorkerProcess
+from kevin_exp.bench.worker_process import WorkerProcess
 
 
 class RunSlot:
@@ -21,31 +24,63 @@ class RunSlot:
         self.index, self.device, self.n_standby = index, device, n_standby
         self.policy, self.config, self.run_root, self.cache_dir, self.threads = (
             policy, config, run_root, cache_dir, threads)
+        self.exchange_fd = new_exchange_fd(ALIGN)
+        self.timings = ReferenceTimings(cache_dir)
+        self._reference: ReferenceProcess | None = None
         self._standby: deque[WorkerProcess] = deque()
         self._reapers: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Start the standby workers (a batch does this first, so they start while its first compiles run)."""
+        """Start the reference process and the standby runners (a batch does this first, so they start while
+        its first compiles run)."""
+        self.reference()
         self._top_up()
 
-    def run(self, job: dict[str, Any], timeout_s: float) -> tuple[WorkerOutcome, float]:
-        """Run one job in a fresh worker: its outcome, and the seconds from sending the job to the outcome."""
+    def reference(self) -> ReferenceProcess:
+        """The slot's reference process, restarted if it has died."""
+        if self._reference is not None and not self._reference.alive():
+            self._reference.close()
+            self._reference = None
+        if self._reference is None:
+            self._reference = ReferenceProcess(self.config.backend, self.exchange_fd, self.device, self.threads,
+                                               self.config.max_output_bytes)
+        return self._reference
+
+    def run(self, job: RunJob, seed: int | None = None, refresh_reference: bool = False) -> tuple[RunOutcome, float]:
+        """Run one candidate in a fresh runner: its outcome, and the seconds the run took. ``refresh_reference``
+        times the reference again first (a recheck does)."""
+        ref = self.reference()
         worker = self._take()
         if self.config.backend == "cuda":
             self._top_up()  # the next ones start while this one runs (on CPU they would take the timed run's cores)
         t0 = time.monotonic()
-        outcome = worker.run(job, timeout_s)
+        outcome = run_protocol(ref, worker, self.exchange_fd, self.timings, job, self.config, seed, quiet=self._quiet,
+                               refresh_reference=refresh_reference)
         run_s = time.monotonic() - t0
         self._retire(worker)
+        if outcome.status == "reference_failed" and not ref.alive():
+            self._reference = None
         self._top_up()
         return outcome, run_s
+
+    def _quiet(self) -> None:
+        """Before the reference is timed: let the standby runners finish starting (they would take its cores)."""
+        for worker in list(self._standby):
+            worker.wait_ready(START_TIMEOUT_S)
 
     def close(self) -> None:
         while self._standby:
             self._standby.popleft().close()
+        if self._reference is not None:
+            self._reference.close()
+            self._reference = None
         for reaper in self._reapers:
             reaper.join(timeout=15)
         self._reapers.clear()
+        try:
+            os.close(self.exchange_fd)
+        except OSError:
+            pass
 
     def _take(self) -> WorkerProcess:
         while self._standby:
@@ -66,15 +101,17 @@ class RunSlot:
             cfg.backend,
             self.index,
             self.run_root,
+            self.exchange_fd,
             cuda_device=self.device,
             cache_dir=self.cache_dir,
             memory_limit_gb=cfg.memory_limit_gb,
             threads=self.threads,
             max_output_bytes=cfg.max_output_bytes,
+            forbid_new_tasks=cfg.forbid_new_tasks,
         )
 
     def _retire(self, worker: WorkerProcess) -> None:
-        """The worker has reported (or died): kill it and reap it off the critical path."""
+        """The runner has finished (or died): kill it and reap it off the critical path."""
         reaper = worker.close(wait=False)
         self._reapers = [r for r in self._reapers if r.is_alive()]
         if reaper is not None:

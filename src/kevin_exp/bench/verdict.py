@@ -1,7 +1,8 @@
 """The result of evaluating one (problem, candidate) pair, and how it is built: pure functions, no I/O.
 
-``verdict_from_run`` turns what a run left behind (the worker's result, or how the worker ended) into a
-verdict; the evaluator's earlier stages (format, static rules, compiles) use ``make_verdict`` directly.
+``verdict_from_run`` turns what a run left behind (``protocol.RunOutcome``) into a verdict,
+``apply_recheck`` settles a too-good speedup against its re-timing; the evaluator's earlier stages
+(format, static rules, compiles) use ``make_verdict`` directly.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from kevin_exp.bench.config import BenchConfig
 from kevin_exp.bench.messages import trim
 
 if TYPE_CHECKING:
-    from kevin_exp.bench.worker_process import WorkerOutcome
+    from kevin_exp.bench.protocol import RunOutcome
 
 
 class Status(str, Enum):
@@ -25,6 +26,8 @@ class Status(str, Enum):
     INCORRECT = "incorrect"
     TIMEOUT = "timeout"
     CRASHED = "crashed"
+    # correct, but its timing did not hold up (re-timed elsewhere, or inconsistent with the outside clock): scores 0
+    SUSPECT = "suspect"
 
 
 @dataclass
@@ -70,7 +73,11 @@ class Verdict:
     speedup: float | None = None
     runtime_stats: TimingStats | None = None
     ref_runtime_stats: TimingStats | None = None
+    # the runner's timed calls as the parent measured them from outside (they contain the reported times)
+    outside_runtime_ms: float | None = None
     excessive_speedup: bool = False
+    # the trial phase's deadline this run had (scaled from the reference's time)
+    time_limit_s: float | None = None
     rule: str | None = None
     feedback: str = ""
     device: str = ""
@@ -115,61 +122,140 @@ def make_verdict(problem_id: str, status: Status, reason: str, config: BenchConf
     )
 
 
-def verdict_from_run(problem_id: str, outcome: WorkerOutcome, config: BenchConfig, *, isolation: str,
+def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, *, isolation: str,
                      compile_s: float, run_s: float, cache_hit: bool) -> Verdict:
-    """The verdict on one run, from the worker's raw outcome. In order: a forged result, the wall clock, the
-    memory limit, an exit without a result, then the status the worker reported; on ``ok`` the speedup over
-    the reference, flagged above ``config.excessive_speedup``."""
-    res = outcome.result or {}
-    common: dict[str, Any] = dict(compile_s=compile_s, run_s=run_s, cache_hit=cache_hit, device=res.get("device", ""))
+    """The verdict on one run, from what the parent saw of it: the reference process's failure, the runner's
+    end (wall clock, memory, exit), the status a check or the runner's refusal decided, else ``ok`` with the
+    candidate's timing (its runner's own) over the reference's (the trusted process's), and ``suspect``
+    when a reported time is longer than the parent's outside measure of the same call."""
+    extra: dict[str, Any] = {"limits": outcome.limits, "phases": outcome.phases, "checked_calls": outcome.checked_calls}
+    if outcome.ref_ms:
+        extra["ref_timing_cached"] = outcome.ref_cached
+    common: dict[str, Any] = dict(compile_s=compile_s, run_s=run_s, cache_hit=cache_hit, device=outcome.device,
+                                  time_limit_s=outcome.limits.get("trials_s"), extra=extra)
 
     def verdict(status: Status, reason: str, rule: str | None = None, feedback: str = "", **kw: Any) -> Verdict:
         return make_verdict(problem_id, status, reason, config, isolation, rule=rule, feedback=feedback, **common, **kw)
 
-    if outcome.forged:
-        return verdict(Status.FORBIDDEN, "something other than the evaluator wrote to the worker's result "
-                       "channel (a forged result); the run counts for nothing", rule="result_forged")
-    if outcome.timed_out:
-        return verdict(Status.TIMEOUT, f"the run exceeded its {config.run_timeout_s:.0f} s limit (infinite loop or "
-                       "deadlock?)")
-    if outcome.memory_exceeded:
-        return verdict(Status.CRASHED, f"the run exceeded the {config.memory_limit_gb:g} GB memory limit")
-    if "status" not in res:
-        sig = outcome.signal_name()
-        how = f"killed by {sig}" if sig else f"exited with code {outcome.returncode}"
-        if res.get("worker_error"):
-            how = res["worker_error"]
+    if outcome.status == "reference_failed":
+        return verdict(Status.CRASHED, f"evaluator error: {outcome.reason}", feedback=outcome.reason)
+    if outcome.ended is not None:
+        how = outcome.ended.how
+        if how == "timeout":
+            limit = outcome.limits.get("load_s" if outcome.phase == "load" else "trials_s", config.hang_ceiling_s)
+            during = {"load": "loading your module / constructing ModelNew", "trials": f"call {(outcome.trial or 0) + 1}",
+                      "end": "the end of the run"}.get(outcome.phase, outcome.phase)
+            return verdict(Status.TIMEOUT, f"the run exceeded its {limit:.3g} s limit during {during} (infinite loop or "
+                           "deadlock?)")
+        if how == "memory":
+            return verdict(Status.CRASHED, f"the run exceeded the {config.memory_limit_gb:g} GB memory limit")
+        sig = outcome.signal
+        how_text = f"killed by {sig}" if sig else f"exited with code {outcome.returncode}"
         tail = trim(outcome.output_tail, config.feedback_chars // 2)
-        reason = f"the process running your code {how} before reporting a result"
+        reason = f"the process running your code {how_text} before reporting a result"
         if "CUDA error" in outcome.output_tail or "illegal memory access" in outcome.output_tail:
             reason += " (CUDA error)"
         return verdict(Status.CRASHED, reason, feedback=reason + ("\n" + tail if tail else ""))
-    status = Status(res["status"])
-    extra_fields = {k: res[k] for k in ("correctness_trials", "max_abs_diff", "atol", "rtol") if k in res}
-    if res.get("phases"):
-        # where the worker's time went (seconds per stage), for profiling the run stage
-        extra_fields["extra"] = {"phases": res["phases"]}
-    if status is not Status.OK:
-        feedback = res.get("reason", "")
-        if res.get("detail") and status is Status.RUNTIME_ERROR:
-            feedback += "\n" + res["detail"]
-        return verdict(status, res.get("reason", ""), rule=res.get("rule"), feedback=feedback, **extra_fields)
-    new = TimingStats(**res["runtime_stats"])
-    ref = TimingStats(**res["ref_runtime_stats"])
+    checked = dict(correctness_trials=outcome.correctness_trials, max_abs_diff=outcome.max_abs_diff)
+    tol = config.tolerance_for("float32")
+    checked.update(atol=tol.atol, rtol=tol.rtol)
+    if outcome.status != "ok":
+        try:
+            status = Status(outcome.status)
+        except ValueError:
+            status = Status.CRASHED
+        feedback = outcome.reason
+        if outcome.detail and status is Status.RUNTIME_ERROR:
+            feedback += "\n" + outcome.detail
+        return verdict(status, outcome.reason, rule=outcome.rule, feedback=feedback, **checked)
+    new = TimingStats.from_samples(outcome.new_ms)
+    ref = TimingStats.from_samples(outcome.ref_ms)
+    outside = TimingStats.from_samples(outcome.outside_ms)
     speedup = ref.median_ms / new.median_ms if new.median_ms > 0 else float("inf")
     flagged = speedup > config.excessive_speedup
+    timing = dict(runtime_ms=new.median_ms, ref_runtime_ms=ref.median_ms, speedup=speedup, runtime_stats=new,
+                  ref_runtime_stats=ref, outside_runtime_ms=outside.median_ms, excessive_speedup=flagged)
+    hidden = hidden_time_ms(outcome.new_ms, outcome.outside_ms, outcome.calibration_ms, outcome.calibration_outside_ms)
+    extra["hidden_ms"] = round(hidden, 4)
+    allowed = config.hidden_time_factor * new.median_ms + config.hidden_time_slack_ms
+    if config.hidden_time_check and hidden > allowed:
+        reason = (f"suspect: each timed call took {hidden:.3g} ms more (parent's clock) than the runner reported, beyond "
+                  f"what the same path costs without your code (allowed {allowed:.3g} ms); the run counts for nothing")
+        return verdict(Status.SUSPECT, reason, rule="timing_inconsistent", **checked, **timing)
+    impossible = reported_exceeds_outside(outcome.new_ms, outcome.outside_ms)
+    if impossible:
+        k = impossible[0]
+        reason = (f"suspect: timed call {k + 1} reported {outcome.new_ms[k]:.4g} ms, longer than the "
+                  f"{outcome.outside_ms[k]:.4g} ms the evaluator measured from outside; the run counts for nothing")
+        extra["impossible_calls"] = impossible[:20]
+        return verdict(Status.SUSPECT, reason, rule="timing_inconsistent", **checked, **timing)
     reason = f"correct; speedup {speedup:.3g}x over PyTorch eager ({ref.median_ms:.4g} ms -> {new.median_ms:.4g} ms)"
     if flagged:
         reason += f"; flagged: speedup above {config.excessive_speedup:g}x"
-    return verdict(
-        Status.OK,
-        reason,
-        correct=True,
-        runtime_ms=new.median_ms,
-        ref_runtime_ms=ref.median_ms,
-        speedup=speedup,
-        runtime_stats=new,
-        ref_runtime_stats=ref,
-        excessive_speedup=flagged,
-        **extra_fields,
-    )
+    return verdict(Status.OK, reason, correct=True, **checked, **timing)
+
+
+def reported_exceeds_outside(reported_ms: list[float], outside_ms: list[float]) -> list[int]:
+    """Indices of timed calls whose reported time is longer than the parent's wall-clock measure of the same
+    call (which contains it): impossible for an honest runner."""
+    return [k for k, (r, o) in enumerate(zip(reported_ms, outside_ms)) if r > o]
+
+
+def hidden_time_ms(reported_ms: list[float], outside_ms: list[float], calibration_ms: list[float],
+                   calibration_outside_ms: list[float]) -> float:
+    """How much more of each timed call the parent saw than the runner reported (median), beyond the same for the
+    calibration calls made before any candidate code was loaded. An honest runner's extra is the path around the
+    call (copies, messages), the same in both; a runner that under-reports its own time shows it here."""
+    if not calibration_ms or not reported_ms:
+        return 0.0
+    import statistics
+
+    candidate = statistics.median(o - r for r, o in zip(reported_ms, outside_ms))
+    baseline = statistics.median(o - r for r, o in zip(calibration_ms, calibration_outside_ms))
+    return candidate - baseline
+
+
+def rechecks_disagree(first_speedup: float, second_speedup: float, tolerance: float) -> bool:
+    """Whether two measurements of one candidate's speedup differ by more than the factor ``tolerance``."""
+    lo, hi = sorted((first_speedup, second_speedup))
+    if lo <= 0:
+        return True
+    return hi / lo > tolerance
+
+
+def needs_recheck(verdict: Verdict, config: BenchConfig) -> bool:
+    return verdict.status is Status.OK and verdict.speedup is not None and verdict.speedup > config.recheck_speedup
+
+
+def apply_recheck(first: Verdict, second: Verdict, config: BenchConfig) -> Verdict:
+    """The verdict after a too-good speedup was re-timed in a fresh runner on fresh inputs (and the reference
+    timed again): the recheck's own failure if it failed, ``suspect`` (scores 0) if the two speedups disagree,
+    else the first verdict; both timings go into ``extra["recheck"]``. Both speedups are taken over the
+    recheck's reference time (the faster of the cached and the new measurement)."""
+    record = {"first": _timing_record(first), "second": _timing_record(second), "tolerance": config.recheck_tolerance,
+              "threshold": config.recheck_speedup}
+    if second.ref_runtime_ms and first.runtime_ms and second.ref_runtime_ms != first.ref_runtime_ms:
+        first.ref_runtime_ms, first.ref_runtime_stats = second.ref_runtime_ms, second.ref_runtime_stats
+        first.speedup = first.ref_runtime_ms / first.runtime_ms
+        first.excessive_speedup = first.speedup > config.excessive_speedup
+        first.reason = (f"correct; speedup {first.speedup:.3g}x over PyTorch eager ({first.ref_runtime_ms:.4g} ms -> "
+                        f"{first.runtime_ms:.4g} ms; the reference re-timed for the recheck)")
+        first.feedback = trim(first.reason, config.feedback_chars)
+    if second.status is not Status.OK:
+        second.extra["recheck"] = record
+        second.reason = f"recheck after a {first.speedup:.3g}x speedup: {second.reason}"
+        second.feedback = trim(second.reason, config.feedback_chars)
+        return second
+    first.extra["recheck"] = record
+    if rechecks_disagree(first.speedup, second.speedup, config.recheck_tolerance):
+        first.status, first.correct = Status.SUSPECT, False
+        first.rule = "recheck_disagrees"
+        first.reason = (f"suspect: speedup {first.speedup:.3g}x, but {second.speedup:.3g}x when re-timed in a fresh "
+                        f"process on fresh inputs (more than {config.recheck_tolerance:g}x apart); the run counts for nothing")
+        first.feedback = trim(first.reason, config.feedback_chars)
+    return first
+
+
+def _timing_record(v: Verdict) -> dict[str, Any]:
+    return {"status": v.status.value, "speedup": v.speedup, "runtime_ms": v.runtime_ms, "ref_runtime_ms": v.ref_runtime_ms,
+            "outside_runtime_ms": v.outside_runtime_ms}

@@ -1,11 +1,16 @@
-"""A sandboxed worker process as the parent sees it: started ahead of its job, sent one job, watched
-(wall clock, memory, output), and ended with everything it started. ``WorkerOutcome`` is the run's raw result.
+"""Processes as the parent sees them: started ahead, talked to in JSON lines (requests on the child's stdin,
+replies on a dedicated pipe), watched from outside (wall clock, memory, output) and ended with everything
+they started.
+
+``ChildProcess`` is the plumbing; ``WorkerProcess`` is the candidate's sandboxed runner. The trusted
+reference process (``reference_process.ReferenceProcess``) uses the same plumbing without the sandbox.
+A reply is parsed as JSON and nothing else: whatever the child writes is data to check, never code.
 """
 from __future__ import annotations
 
 import json
 import os
-import secrets
+import queue
 import signal
 import subprocess
 import sys
@@ -16,38 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kevin_exp.bench.result_channel import RESULT_KEY_BYTES, read_signed_result
 from kevin_exp.bench.sandbox import SandboxPolicy, namespace_cmd, python_env
 from kevin_exp.bench.uid_lease import UidLease
 
+MAX_REPLY_BYTES = 1 << 20
+
 
 @dataclass
-class WorkerOutcome:
-    """What one run left behind: the worker's result (if one came), how the process ended, its output's tail."""
+class Ended:
+    """Why a child gave no reply: 'exited', 'timeout', 'memory' or 'garbage' (a reply that is not a JSON object)."""
 
-    result: dict[str, Any] | None
-    returncode: int | None
-    timed_out: bool
-    memory_exceeded: bool
-    output_tail: str
-    output_bytes: int
-    seconds: float
-    forged: bool = False  # something other than the worker wrote to its result pipe
-
-    def signal_name(self) -> str | None:
-        rc = self.returncode
-        if rc is None:
-            return None
-        if rc == 1 and "unshare: sigprocmask unblock failed" in self.output_tail:
-            return "SIGKILL"  # util-linux unshare cannot re-raise SIGKILL on itself and exits 1 instead
-        # unshare reports a killed child as 128 + signal
-        sig = -rc if rc < 0 else (rc - 128 if rc > 128 else 0)
-        if sig <= 0:
-            return None
-        try:
-            return signal.Signals(sig).name
-        except ValueError:
-            return f"signal {sig}"
+    how: str
+    detail: str = ""
 
 
 class _BoundedReader(threading.Thread):
@@ -70,6 +55,39 @@ class _BoundedReader(threading.Thread):
                 del self.tail[: len(self.tail) - self.keep]
 
 
+class _LineReader(threading.Thread):
+    """Splits the reply pipe into lines; a line over ``MAX_REPLY_BYTES`` or an unterminated tail is garbage."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(daemon=True)
+        self.fd = fd
+        self.lines: queue.Queue[bytes | None] = queue.Queue()
+
+    def run(self) -> None:
+        buf = bytearray()
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                if buf:
+                    self.lines.put(bytes(buf[:MAX_REPLY_BYTES]) + b"\x00")  # unterminated: never valid JSON
+                self.lines.put(None)
+                os.close(self.fd)
+                return
+            buf += chunk
+            while True:
+                nl = buf.find(b"\n")
+                if nl < 0:
+                    break
+                self.lines.put(bytes(buf[:nl]))
+                del buf[: nl + 1]
+            if len(buf) > MAX_REPLY_BYTES:
+                self.lines.put(b"\x00")
+                buf.clear()
+
+
 def _session_rss_bytes(sid: int) -> int:
     total = 0
     for entry in os.scandir("/proc"):
@@ -86,24 +104,143 @@ def _session_rss_bytes(sid: int) -> int:
     return total
 
 
-class WorkerProcess:
-    """One warm worker process waiting for its single job."""
+class ChildProcess:
+    """A child in its own session, with a request pipe (its stdin) and a reply pipe (``--reply-fd``)."""
 
-    def __init__(
-        self,
-        policy: SandboxPolicy,
-        backend: str,
-        slot: int,
-        root_dir: Path,
-        cuda_device: str | None = None,
-        cache_dir: Path | None = None,
-        memory_limit_gb: float = 8.0,
-        threads: int = 0,
-        max_output_bytes: int = 1 << 20,
-    ) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str], reply_write_fd: int, reply_read_fd: int,
+                 pass_fds: tuple[int, ...], memory_limit_bytes: int, max_output_bytes: int, cwd: Path | None = None) -> None:
+        self.memory_limit_bytes, self.max_output_bytes = memory_limit_bytes, max_output_bytes
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     pass_fds=(reply_write_fd, *pass_fds), env=env, start_new_session=True, cwd=cwd)
+        os.close(reply_write_fd)
+        self._output = _BoundedReader(self.proc.stdout, max_output_bytes)
+        self._output.start()
+        self._replies = _LineReader(reply_read_fd)
+        self._replies.start()
+        self._eof = False
+        self.started_at = time.monotonic()
+
+    def send(self, message: dict[str, Any]) -> bool:
+        """Write one request; False when the child no longer reads."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+    def recv(self, deadline: float) -> dict[str, Any] | Ended:
+        """The next reply, or why none came before ``deadline`` (the child is then killed, with its group)."""
+        next_rss_check = time.monotonic() + 0.2
+        while True:
+            if not self._eof:
+                try:
+                    line = self._replies.lines.get(timeout=0.02)
+                except queue.Empty:
+                    line = b""
+                if line is None:
+                    self._eof = True
+                elif line:
+                    try:
+                        message = json.loads(line.decode("utf-8"))
+                    except (UnicodeDecodeError, json.JSONDecodeError):
+                        message = None
+                    if isinstance(message, dict):
+                        return message
+                    return self._end(Ended("garbage", line[:200].decode("utf-8", "replace")))
+            else:
+                time.sleep(0.02)
+            if self._exited():
+                return self._end(Ended("exited"))
+            now = time.monotonic()
+            if now > deadline:
+                return self._end(Ended("timeout"))
+            if now >= next_rss_check:
+                next_rss_check = now + 0.2
+                if _session_rss_bytes(self.proc.pid) > self.memory_limit_bytes:
+                    return self._end(Ended("memory"))
+
+    def _end(self, ended: Ended) -> Ended:
+        self._kill_group()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self._output.join(timeout=5)
+        return ended
+
+    def output_tail(self) -> str:
+        return bytes(self._output.tail[-self.max_output_bytes:]).decode("utf-8", "replace")
+
+    @property
+    def output_bytes(self) -> int:
+        return self._output.total
+
+    def alive(self) -> bool:
+        return not self._exited()
+
+    def signal_name(self) -> str | None:
+        rc = self.proc.returncode
+        if rc is None:
+            return None
+        if rc == 1 and "unshare: sigprocmask unblock failed" in self.output_tail():
+            return "SIGKILL"  # util-linux unshare cannot re-raise SIGKILL on itself and exits 1 instead
+        sig = -rc if rc < 0 else (rc - 128 if rc > 128 else 0)  # unshare reports a killed child as 128 + signal
+        if sig <= 0:
+            return None
+        try:
+            return signal.Signals(sig).name
+        except ValueError:
+            return f"signal {sig}"
+
+    def _exited(self) -> bool:
+        """Whether the child has exited, without reaping it: until it is reaped its pid (= its process group's
+        id) cannot be reused, so killing the group afterwards can only reach what the child left behind."""
+        if self.proc.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except (AttributeError, OSError):
+            return self.proc.poll() is not None
+
+    def _kill_group(self) -> None:
+        if self.proc.returncode is not None:
+            return  # reaped already, after its group was killed: the id may belong to someone else now
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _reap(self) -> None:
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        pass
+
+    def close(self, wait: bool = True) -> threading.Thread | None:
+        """End the child and everything it started, then reap it (on a returned thread with ``wait=False``:
+        a GPU process's exit tears its CUDA context down, which is nobody's critical path)."""
+        self._kill_group()
+        if wait:
+            self._reap()
+            return None
+        reaper = threading.Thread(target=self._reap, daemon=True, name="kx-reap")
+        reaper.start()
+        return reaper
+
+
+class WorkerProcess(ChildProcess):
+    """The candidate's runner: a sandboxed process, warm (torch imported, CUDA up) before its one candidate."""
+
+    def __init__(self, policy: SandboxPolicy, backend: str, slot: int, root_dir: Path, exchange_fd: int,
+                 cuda_device: str | None = None, cache_dir: Path | None = None, memory_limit_gb: float = 8.0,
+                 threads: int = 0, max_output_bytes: int = 1 << 20, forbid_new_tasks: bool = True) -> None:
         self.policy, self.backend, self.slot = policy, backend, slot
-        self.memory_limit_bytes = int(memory_limit_gb * (1 << 30))
-        self.max_output_bytes = max_output_bytes
         self.workdir = root_dir / f"slot{slot}-{uuid.uuid4().hex[:12]}"
         self._lease = UidLease() if policy.mode == "namespace" and policy.drop_uid else None
         env = python_env()
@@ -111,7 +248,8 @@ class WorkerProcess:
             env["CUDA_VISIBLE_DEVICES"] = cuda_device
         env["PYTHONUNBUFFERED"] = "1"
         read_fd, write_fd = os.pipe()
-        args = [sys.executable, "-m", "kevin_exp.bench.worker", "--result-fd", str(write_fd), "--backend", backend, "--workdir"]
+        args = [sys.executable, "-m", "kevin_exp.bench.worker", "--reply-fd", str(write_fd), "--exchange-fd",
+                str(exchange_fd), "--backend", backend, "--workdir"]
         if policy.mode == "namespace":
             # private tmpfs covers /tmp, so the work dir lives inside it
             args += [f"/tmp/work-{slot}", "--private-tmp"]
@@ -131,119 +269,17 @@ class WorkerProcess:
             cmd += ["--address-space-gb", str(memory_limit_gb)]
         if threads:
             cmd += ["--threads", str(threads)]
-        self.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            pass_fds=(write_fd,),
-            env=env,
-            start_new_session=True,
-        )
-        os.close(write_fd)
-        self._result_pipe = os.fdopen(read_fd, "rb")
-        self._output = _BoundedReader(self.proc.stdout, max_output_bytes)
-        self._output.start()
-        self._result_bytes = bytearray()
-        self._result_closed = threading.Event()
-        self._result_reader = threading.Thread(target=self._read_result, daemon=True)
-        self._result_reader.start()
-        self.started_at = time.monotonic()
+        if forbid_new_tasks:
+            cmd += ["--forbid-new-tasks"]
+        super().__init__(cmd, env, write_fd, read_fd, (exchange_fd,), int(memory_limit_gb * (1 << 30)), max_output_bytes)
+        self._ready: dict[str, Any] | Ended | None = None
 
-    def _read_result(self) -> None:
-        while True:
-            chunk = self._result_pipe.read(1 << 16)
-            if not chunk:
-                self._result_closed.set()
-                return
-            if len(self._result_bytes) < 64 << 20:
-                self._result_bytes += chunk
-
-    def alive(self) -> bool:
-        return not self._exited()
-
-    def run(self, job: dict[str, Any], timeout_s: float) -> WorkerOutcome:
-        """Send the job, then wait until the worker has reported a correctly signed result (the worker's
-        exit, which on a GPU includes tearing its CUDA context down, is not waited for: ``close`` reaps it),
-        until it exits without one, or until the deadline or the memory limit ends it."""
-        t0 = time.monotonic()
-        key = secrets.token_bytes(RESULT_KEY_BYTES)
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(key + json.dumps(job).encode())
-            self.proc.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass  # the worker died while waiting; its exit status says how
-        ended = self._wait(key, t0 + timeout_s)
-        if ended != "reported":
-            # whatever is left (a timed-out worker, children holding the result pipe) goes with the group
-            self._kill_group()
-            self._wait_exit()
-            self._result_reader.join(timeout=5)
-            self._output.join(timeout=5)
-        result, forged = read_signed_result(key, bytes(self._result_bytes))
-        tail = bytes(self._output.tail[-self.max_output_bytes :]).decode("utf-8", "replace")
-        return WorkerOutcome(
-            result=result,
-            returncode=self.proc.returncode,
-            timed_out=ended == "timeout",
-            memory_exceeded=ended == "memory",
-            output_tail=tail,
-            output_bytes=self._output.total,
-            seconds=time.monotonic() - t0,
-            forged=forged,
-        )
-
-    def _wait(self, key: bytes, deadline: float) -> str:
-        """'reported', 'exited', 'timeout' or 'memory'."""
-        result_checked = False
-        next_rss_check = time.monotonic() + 0.2
-        while True:
-            if not result_checked and self._result_closed.wait(timeout=0.02):
-                result_checked = True
-                result, forged = read_signed_result(key, bytes(self._result_bytes))
-                if result is not None and not forged and "worker_error" not in result:
-                    return "reported"
-            elif result_checked:
-                # the pipe closed without a valid result: the process decides (it may still crash or hang)
-                time.sleep(0.05)
-            if self._exited():
-                return "exited"
-            now = time.monotonic()
-            if now > deadline:
-                return "timeout"
-            if now >= next_rss_check:
-                next_rss_check = now + 0.2
-                if _session_rss_bytes(self.proc.pid) > self.memory_limit_bytes:
-                    return "memory"
-
-    def _exited(self) -> bool:
-        """Whether the worker has exited, without reaping it: until it is reaped its pid (= its process group's
-        id) cannot be reused, so killing the group afterwards can only reach what the worker left behind."""
-        if self.proc.returncode is not None:
-            return True
-        try:
-            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-        except (AttributeError, OSError):  # no waitid on this platform, or the child is gone already
-            return self.proc.poll() is not None
-
-    def _kill_group(self) -> None:
-        if self.proc.returncode is not None:
-            return  # reaped already, after its group was killed: the id may belong to someone else now
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def _wait_exit(self) -> None:
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def _reap(self) -> None:
-        self._wait_exit()
-        self._cleanup()
+    def wait_ready(self, timeout_s: float) -> dict[str, Any] | Ended:
+        """Wait for the runner's warm-up to finish (before a candidate is sent, and before the reference is timed on
+        cpu, where a starting runner would take its cores); its first message, or why none came."""
+        if self._ready is None:
+            self._ready = self.recv(time.monotonic() + timeout_s)
+        return self._ready
 
     def _cleanup(self) -> None:
         import shutil
@@ -252,19 +288,6 @@ class WorkerProcess:
             self._lease.release()
         if self.policy.mode != "namespace":
             shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def close(self, wait: bool = True) -> threading.Thread | None:
-        """End the worker and everything it started (its process group; in a namespace sandbox, its PID
-        namespace and anything left under its uid), then release its uid. With ``wait=False`` the reaping
-        runs on a thread, returned for joining: a GPU worker's exit tears its CUDA context down, which is
-        nobody's critical path."""
-        self._kill_group()
-        if wait:
-            self._reap()
-            return None
-        reaper = threading.Thread(target=self._reap, daemon=True, name="kx-reap")
-        reaper.start()
-        return reaper
 
 
 def _user_tasks() -> int:

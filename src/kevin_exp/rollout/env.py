@@ -28,12 +28,16 @@ class TurnResult:
     reason: str = ""
     device: str = ""
     excessive_speedup: bool = False
+    # the evaluator did not believe the timing (re-timed elsewhere, or inconsistent with its outside clock)
+    suspect: bool = False
 
 
 @dataclass(frozen=True)
 class ScoreWeights:
     correctness: float = 0.3
     speedup: float = 1.0
+    # cap on the speedup term (None or 0: none); KernelEnv takes the evaluator's max_speedup when this is None
+    max_speedup: float | None = None
 
 
 class Environment(Protocol):
@@ -58,6 +62,7 @@ class KernelEnv:
         self.evaluator = evaluator
         self.backend = evaluator.config.backend
         self.weights = weights
+        self.max_speedup = weights.max_speedup if weights.max_speedup is not None else getattr(evaluator.config, "max_speedup", 0.0)
 
     def prompt(self, task: Problem, history: list[Attempt], max_tokens: int, count_tokens: Callable[[str], int]) -> tuple[str, int]:
         return turn_prompt(task.source, self.backend, history, max_tokens, count_tokens)
@@ -75,10 +80,11 @@ class KernelEnv:
                 results.append(TurnResult("format_error", False, 0.0, attempt, reason=p.error))
                 continue
             v = next(verdicts)
-            score = turn_score(v.correct, v.speedup, self.weights.correctness, self.weights.speedup)
-            attempt = Attempt(p.code, p.summary, v.status.value, v.feedback, v.speedup)
+            score = turn_score(v.correct, v.speedup, self.weights.correctness, self.weights.speedup, self.max_speedup)
+            attempt = Attempt(p.code, p.summary, v.status.value, v.feedback, v.speedup if v.correct else None)
             results.append(TurnResult(v.status.value, v.correct, score, attempt, v.speedup, v.runtime_ms,
-                                      v.ref_runtime_ms, v.reason, v.device, v.excessive_speedup))
+                                      v.ref_runtime_ms, v.reason, v.device, v.excessive_speedup,
+                                      suspect=v.status.value == "suspect"))
         return results
 
     def close(self) -> None:

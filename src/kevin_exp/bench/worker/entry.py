@@ -1,10 +1,10 @@
-"""The worker process: one process evaluates exactly one candidate, then exits.
+"""The candidate's runner process: one process runs exactly one candidate, then is discarded.
 
 Started by ``kevin_exp.bench.worker_process`` ahead of time (a warm standby: sandbox set up, torch imported,
-CUDA context up), it reads one job from stdin (a random key, then JSON), writes one result as JSON, signed
-with that key, to the file descriptor given by ``--result-fd`` and exits. Whatever the candidate does to
-this process (segfault, exit, hang, corrupting the CUDA context), the parent sees it from outside and turns
-it into a verdict.
+thread pools started, CUDA context up, then the no-new-tasks filter installed), it reads requests as JSON
+lines on stdin and writes replies as JSON lines to ``--reply-fd``; tensors travel through the shared region
+``--exchange-fd`` (``kevin_exp.bench.exchange``). It never sees the reference program, the inputs' seed or
+the expected outputs, and it judges nothing: whatever it reports is checked by trusted processes.
 """
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ import json
 import os
 import sys
 
-from kevin_exp.bench.result_channel import read_key, sign_result
 from kevin_exp.bench.worker.sandbox_setup import prepare_sandbox
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="kevin_exp.bench.worker")
-    parser.add_argument("--result-fd", type=int, required=True)
+    parser.add_argument("--reply-fd", "--result-fd", dest="reply_fd", type=int, required=True)
+    parser.add_argument("--exchange-fd", type=int, default=-1)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--backend", choices=("cpu", "cuda"), required=True)
     parser.add_argument("--uid", type=int, default=None)
@@ -29,30 +29,38 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nproc", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--forbid-new-tasks", action="store_true")
     parser.add_argument("--probe", action="store_true", help="set up the sandbox, import torch (and start CUDA on that backend), exit")
     args = parser.parse_args(argv)
     faulthandler.enable()  # a fatal signal leaves a Python traceback in the output the model sees
 
-    result_pipe = os.fdopen(args.result_fd, "w")
+    replies = os.fdopen(args.reply_fd, "w")
     try:
         prepare_sandbox(args)
     except BaseException as exc:  # noqa: BLE001 - report, never hang the parent
-        result_pipe.write(json.dumps({"worker_error": f"sandbox setup failed: {exc}"}))
-        result_pipe.close()
+        replies.write(json.dumps({"op": "worker_error", "reason": f"sandbox setup failed: {exc}"}) + "\n")
+        replies.close()
         raise SystemExit(3)
 
-    # Warm up before the job arrives: this is what the standby pays for ahead of time.
+    # Warm up before the candidate arrives: this is what the standby pays for ahead of time.
     import torch
     import torch.utils.cpp_extension  # noqa: F401  (the candidate's load_inline call imports it: ~0.2-0.3 s)
 
-    # everything the job needs, imported before it arrives, as the uid
-    from kevin_exp.bench.worker.evaluation import run_job
+    from kevin_exp.bench.worker.runner import serve
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    torch.ones(1 << 16).sum()  # a parallel op starts the intra-op thread pool before new threads are forbidden
     if args.backend == "cuda":
         torch.cuda.init()
-        torch.empty(1, device="cuda")
+        # what a run does on the GPU, once, so that whatever the driver starts lazily starts before new tasks
+        # are forbidden: a kernel, copies both ways, events and a device-wide sync
+        from kevin_exp.bench.worker.timing import CacheFlusher, Timer
+
+        x = torch.ones(1 << 16).to("cuda")
+        CacheFlusher(torch.device("cuda")).flush()
+        Timer(torch.device("cuda"))(lambda: x.add(1))
+        x.cpu()
     # The guard's first entry, and an op under it, happen here rather than in the candidate's first forward.
     from kevin_exp.bench.runtime_guard import block_torch_compute
 
@@ -61,20 +69,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.probe:
         import getpass
 
-        result_pipe.write(json.dumps({"probe": "ok", "uid": os.getuid(), "user": getpass.getuser()}))
-        result_pipe.close()
+        replies.write(json.dumps({"probe": "ok", "uid": os.getuid(), "user": getpass.getuser()}))
+        replies.close()
         os._exit(0)
+    if args.forbid_new_tasks:
+        from kevin_exp.bench.seccomp import forbid_new_tasks
 
-    key = read_key(sys.stdin.fileno())
-    job = json.loads(sys.stdin.buffer.read())
-    result = run_job(job)
-    signed = sign_result(key, json.dumps(result).encode())
-    key[:] = bytes(len(key))
-    # Output first: the parent may end this process as soon as the result pipe closes.
+        forbid_new_tasks()
+    replies.write(json.dumps({"op": "ready"}) + "\n")
+    replies.flush()
+    serve(sys.stdin.buffer, replies, args.exchange_fd, args.backend)
     sys.stdout.flush()
     sys.stderr.flush()
-    result_pipe.write(signed.decode())
-    result_pipe.flush()
-    result_pipe.close()
     # Skip interpreter teardown: a candidate's extension may crash in its destructors.
     os._exit(0)

@@ -32,3 +32,17 @@ def copy_into(dst: list[Any], src: list[Any]) -> None:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return "cpu: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return "cpu: " + (platform.processor() or platform.machine())

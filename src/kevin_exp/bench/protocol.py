@@ -1,0 +1,294 @@
+"""One candidate's run, driven by the parent in lockstep between the trusted reference process and the
+candidate's runner (docs/hack_defences.md, "Where things run").
+
+Schedule of calls, each on fresh inputs drawn from a secret per-evaluation seed and each checked by the
+reference process: ``correctness_trials`` checked calls (allocator poisoned first), ``warmup_trials``,
+``timed_trials`` timed calls, then one more checked call drawn after all timing. The reference process
+prepares inputs and expected outputs in chunks bounded by bytes, only while the runner is idle; the runner
+sees one trial's inputs at a time. The parent times every timed call from outside too.
+"""
+from __future__ import annotations
+
+import math
+import secrets
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kevin_exp.bench.config import BenchConfig
+from kevin_exp.bench.exchange import Layout, ensure_size, header_bytes, padded_bytes
+from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceFailed, ReferenceProcess, ReferenceTimings
+from kevin_exp.bench.worker_process import Ended, WorkerProcess
+
+REFERENCE_SLACK_S = 60.0  # a reference request's own limit, beyond the run's
+# the reference is timed this many times when it is not cached, and its quietest block kept: the cache keeps
+# one measurement for good, so a measurement disturbed by other work (compiles, on cpu) must not be it
+REFERENCE_TIMING_BLOCKS = 3
+CALIBRATION_CALLS = 5
+# what a runner may say about its own candidate; "ok" is never its to say
+RUNNER_STATUSES = frozenset({"runtime_error", "forbidden", "format_error", "compile_error", "incorrect"})
+
+
+@dataclass(frozen=True)
+class RunJob:
+    reference: str
+    candidate: str
+    prebuilt: dict[str, list[str]]
+
+
+@dataclass
+class RunOutcome:
+    """What one run left behind; ``verdict.verdict_from_run`` turns it into a verdict."""
+
+    status: str = "ok"  # ok | a verdict status the run decided (incorrect, forbidden, runtime_error, crashed, ...)
+    reason: str = ""
+    rule: str | None = None
+    detail: str = ""
+    needs_build: dict[str, Any] | None = None
+    ended: Ended | None = None  # the runner stopped answering: how
+    phase: str = ""  # where the run stopped: reference, load, trials, end
+    trial: int | None = None
+    output_tail: str = ""
+    output_bytes: int = 0
+    returncode: int | None = None
+    signal: str | None = None
+    device: str = ""
+    new_ms: list[float] = field(default_factory=list)
+    outside_ms: list[float] = field(default_factory=list)
+    calibration_ms: list[float] = field(default_factory=list)
+    calibration_outside_ms: list[float] = field(default_factory=list)
+    ref_ms: list[float] = field(default_factory=list)
+    ref_cached: bool = False
+    max_abs_diff: float = 0.0
+    checked_calls: int = 0
+    correctness_trials: int = 0
+    limits: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def schedule(config: BenchConfig) -> list[str]:
+    """The kind of each call, in order: check | warmup | timed."""
+    return ["check"] * config.correctness_trials + ["warmup"] * config.warmup_trials + ["timed"] * config.timed_trials + ["check"]
+
+
+def trial_limit_s(ref_median_ms: float, n_calls: int, config: BenchConfig) -> float:
+    """The trial phase's deadline: scales with the reference's time for the whole protocol, within [floor, ceiling]."""
+    expected_s = ref_median_ms / 1e3 * n_calls
+    return min(max(config.hang_floor_s + config.hang_factor * expected_s, config.hang_floor_s), config.hang_ceiling_s)
+
+
+def reference_timing(ref: ReferenceProcess, timings: ReferenceTimings, source: str, prepared: dict[str, Any],
+                     config: BenchConfig, quiet: Callable[[], None] = lambda: None,
+                     refresh: bool = False) -> tuple[list[float], bool]:
+    """The reference's timed samples, from the cache or measured now (and cached); whether it was cached. With
+    ``refresh`` it is measured again and the faster of that and the cached one is kept: a measurement disturbed
+    by other work is slower, never faster."""
+    key = timings.key(source, config.backend, prepared["device"], prepared["torch"], config.warmup_trials, config.timed_trials)
+    cached = timings.get(key)
+    if cached is not None and not refresh:
+        return cached, True
+    quiet()
+    samples: list[float] = []
+    for _ in range(REFERENCE_TIMING_BLOCKS):
+        reply = ref.call({"op": "time", "seed": secrets.randbits(63), "warmup": config.warmup_trials,
+                          "trials": config.timed_trials}, config.hang_ceiling_s * 4 + REFERENCE_SLACK_S)
+        block = [float(x) for x in reply["ms"]]
+        if not samples or statistics.median(block) < statistics.median(samples):
+            samples = block
+    if cached is not None and statistics.median(cached) <= statistics.median(samples):
+        return cached, True
+    timings.put(key, samples)
+    return samples, False
+
+
+def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int, timings: ReferenceTimings, job: RunJob,
+                 config: BenchConfig, seed: int | None = None, quiet: Callable[[], None] = lambda: None,
+                 refresh_reference: bool = False) -> RunOutcome:
+    """``quiet`` is called before the reference is timed: it waits until nothing else the slot started is busy."""
+    outcome = RunOutcome()
+    clock = [time.monotonic()]
+
+    def lap(name: str) -> None:
+        now = time.monotonic()
+        outcome.phases[name] = round(now - clock[0], 4)
+        clock[0] = now
+
+    secret = secrets.randbits(63) if seed is None else seed  # never sent to the runner
+    ref_limit = config.hang_ceiling_s + REFERENCE_SLACK_S
+    try:
+        prepared = ref.call({"op": "prepare", "source": job.reference, "init_seed": config.seed}, ref_limit)
+        outcome.device = prepared["device"]
+        outcome.ref_ms, outcome.ref_cached = reference_timing(ref, timings, job.reference, prepared, config, quiet,
+                                                              refresh_reference)
+        lap("reference_s")
+        in_bytes = max(padded_bytes(prepared["input"]), padded_bytes(prepared["init"]))
+        out_bytes = padded_bytes(prepared["output"])
+        layout = Layout.for_sizes(in_bytes, out_bytes)
+        ensure_size(exchange_fd, layout.size)
+    except ReferenceFailed as exc:
+        return _reference_failed(outcome, exc)
+
+    ready = runner.wait_ready(START_TIMEOUT_S)
+    if not _answered(outcome, runner, ready, "start", "ready"):
+        return outcome
+    clock[0] = time.monotonic()  # waiting for a standby runner to finish starting is no phase of this run
+    try:
+        if not _calibrate(outcome, ref, runner, layout, prepared["output"], secret, ref_limit, config):
+            return outcome
+        init = ref.call({"op": "stage_init", "layout": layout.to_json()}, ref_limit)["inputs"]
+    except ReferenceFailed as exc:
+        return _reference_failed(outcome, exc)
+    lap("calibrate_s")
+    kinds = schedule(config)
+    outcome.limits = {"load_s": config.load_timeout_s,
+                      "trials_s": round(trial_limit_s(statistics.median(outcome.ref_ms), len(kinds), config), 3)}
+    rules = config.rules
+    runner.send({"op": "load", "candidate": job.candidate, "prebuilt": job.prebuilt, "init": init, "seed": config.seed,
+                 "layout": layout.to_json(), "output": prepared["output"],
+                 "rules": {"runtime_block_torch_ops": rules.runtime_block_torch_ops,
+                           "runtime_require_kernel_call": rules.runtime_require_kernel_call,
+                           "no_timing_patch": rules.no_timing_patch}})
+    reply = runner.recv(time.monotonic() + config.load_timeout_s)
+    if not _answered(outcome, runner, reply, "load", "loaded"):
+        return outcome
+    lap("load_s")
+
+    per_trial = max(1, header_bytes(prepared["input"]) + header_bytes(prepared["output"]))
+    chunk = max(1, config.chunk_bytes // per_trial)
+    budget = outcome.limits["trials_s"]
+    spent = 0.0
+    tolerances = {k: {"atol": v.atol, "rtol": v.rtol} for k, v in config.tolerances.items()}
+    try:
+        for i, kind in enumerate(kinds):
+            if i % chunk == 0:
+                ref.call({"op": "chunk", "secret": secret, "start": i, "count": min(chunk, len(kinds) - i)},
+                         ref_limit + config.hang_ceiling_s)
+            inputs = ref.call({"op": "stage", "i": i, "layout": layout.to_json()}, ref_limit)["inputs"]
+            timed = kind == "timed"
+            t0 = time.monotonic()
+            checked = kind == "check"  # on these calls the runner also sends its inputs back, to be compared
+            runner.send({"op": "trial", "i": i, "inputs": inputs, "timed": timed, "poison": checked,
+                         "return_inputs": checked})
+            reply = runner.recv(t0 + budget - spent)
+            took = time.monotonic() - t0
+            spent += took
+            outcome.trial = i
+            if not _answered(outcome, runner, reply, "trials", "done"):
+                return outcome
+            ms = reply.get("ms")
+            if reply.get("i") != i or not isinstance(reply.get("outputs"), dict) or not isinstance(reply.get("after"), dict) \
+                    or (timed and not _is_time(ms)):
+                return _violation(outcome, runner, f"the runner's report on call {i} is malformed")
+            check = ref.call({"op": "check", "i": i, "layout": layout.to_json(), "outputs": reply["outputs"],
+                              "after": reply["after"], "inputs_back": checked, "tolerances": tolerances}, ref_limit)
+            outcome.checked_calls += 1
+            if not check["ok"]:
+                if check.get("malformed"):
+                    return _violation(outcome, runner, check["reason"])
+                outcome.status = "incorrect"
+                outcome.reason = _where(kind, i, config) + check["reason"]
+                outcome.max_abs_diff = check.get("max_abs_diff") or 0.0
+                return _finish(outcome, runner)
+            outcome.max_abs_diff = max(outcome.max_abs_diff, check.get("max_abs_diff") or 0.0)
+            if kind == "check":
+                outcome.correctness_trials += 1
+            if timed:
+                outcome.new_ms.append(float(ms))
+                outcome.outside_ms.append(took * 1e3)
+        lap("trials_s")
+        runner.send({"op": "end"})
+        reply = runner.recv(time.monotonic() + max(5.0, budget - spent))
+        if not _answered(outcome, runner, reply, "end", "ended"):
+            return outcome
+        ref.call({"op": "release"}, ref_limit)
+    except ReferenceFailed as exc:
+        return _reference_failed(outcome, exc)
+    return _finish(outcome, runner)
+
+
+def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, output: dict[str, Any],
+               secret: int, ref_limit: float, config: BenchConfig) -> bool:
+    """Before any candidate code is loaded, the runner makes ``CALIBRATION_CALLS`` timed calls through its whole
+    path with a stand-in that only fills an output of the expected shape: what a call costs beyond its reported
+    time, from the parent's clock (``verdict.hidden_time_ms`` compares the candidate's calls with this)."""
+    ref.call({"op": "chunk", "secret": secret, "start": -CALIBRATION_CALLS, "count": CALIBRATION_CALLS}, ref_limit)
+    deadline = time.monotonic() + config.load_timeout_s
+    for i in range(-CALIBRATION_CALLS, 0):
+        inputs = ref.call({"op": "stage", "i": i, "layout": layout.to_json()}, ref_limit)["inputs"]
+        t0 = time.monotonic()
+        runner.send({"op": "calibrate", "i": i, "inputs": inputs, "layout": layout.to_json(), "output": output})
+        reply = runner.recv(deadline)
+        took = time.monotonic() - t0
+        if not _answered(outcome, runner, reply, "start", "calibrated"):
+            return False
+        ms = reply.get("ms")
+        if reply.get("i") != i or not _is_time(ms):
+            _violation(outcome, runner, "the runner's calibration report is malformed")
+            return False
+        outcome.calibration_ms.append(float(ms))
+        outcome.calibration_outside_ms.append(took * 1e3)
+    ref.call({"op": "release"}, ref_limit)
+    return True
+
+
+def _is_time(ms: Any) -> bool:
+    return isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms) and ms >= 0
+
+
+def _where(kind: str, i: int, config: BenchConfig) -> str:
+    if kind == "timed":
+        return (f"wrong output on timed call {i - config.correctness_trials - config.warmup_trials + 1} "
+                "(every call gets fresh inputs and is checked; no caching across calls): ")
+    if kind == "warmup":
+        return f"wrong output on warm-up call {i - config.correctness_trials + 1}: "
+    if i < config.correctness_trials:
+        return f"trial {i + 1}/{config.correctness_trials}: "
+    return "wrong output on the correctness check after timing (state kept across calls?): "
+
+
+def _answered(outcome: RunOutcome, runner: WorkerProcess, reply: dict[str, Any] | Ended, phase: str, expected: str) -> bool:
+    """True when ``reply`` is the expected one; otherwise ``outcome`` records why the run ended."""
+    outcome.phase = phase
+    if isinstance(reply, Ended):
+        if reply.how == "garbage":
+            _violation(outcome, runner, f"the runner wrote something that is not a protocol message: {reply.detail[:80]!r}")
+            return False
+        outcome.status, outcome.ended = "ended", reply
+        _finish(outcome, runner)
+        return False
+    op = reply.get("op")
+    if op == expected:
+        return True
+    if op == "rejected" and reply.get("status") in RUNNER_STATUSES:
+        outcome.status = reply["status"]
+        outcome.reason, outcome.rule, outcome.detail = str(reply.get("reason", "")), reply.get("rule"), str(reply.get("detail", ""))
+    elif op == "needs_build" and phase == "load" and isinstance(reply.get("spec"), dict):
+        outcome.status, outcome.needs_build = "needs_build", reply["spec"]
+    elif op == "worker_error":
+        outcome.status, outcome.reason = "crashed", f"the runner failed: {reply.get('reason', '')}"
+    else:
+        _violation(outcome, runner, f"unexpected message {op!r} from the runner during {phase}")
+        return False
+    _finish(outcome, runner)
+    return False
+
+
+def _violation(outcome: RunOutcome, runner: WorkerProcess, reason: str) -> RunOutcome:
+    outcome.status, outcome.rule = "forbidden", "protocol_violation"
+    outcome.reason = reason + "; the run counts for nothing"
+    return _finish(outcome, runner)
+
+
+def _reference_failed(outcome: RunOutcome, exc: ReferenceFailed) -> RunOutcome:
+    outcome.status, outcome.phase = "reference_failed", "reference"
+    outcome.reason, outcome.detail = exc.reason, exc.detail
+    return outcome
+
+
+def _finish(outcome: RunOutcome, runner: WorkerProcess) -> RunOutcome:
+    outcome.output_tail = runner.output_tail()
+    outcome.output_bytes = runner.output_bytes
+    if runner.proc.returncode is not None:
+        outcome.returncode, outcome.signal = runner.proc.returncode, runner.signal_name()
+    return outcome

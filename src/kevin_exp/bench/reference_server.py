@@ -1,0 +1,208 @@
+"""The trusted reference process (``python -m kevin_exp.bench.reference_server``): one per run slot, warm,
+and it only ever runs reference programs. It never loads candidate code and never unpickles or imports
+anything a candidate's process wrote: the runner's outputs arrive as raw bytes in the shared region, behind
+headers checked here before a byte is read.
+
+It loads a problem, builds ``Model`` with the construction seed, times the reference (the parent caches that
+on disk), draws each trial's inputs from the evaluation's secret seed, computes the expected outputs in
+chunks while the runner is idle, hands each trial's inputs to the runner through the region, and checks the
+runner's outputs and post-call inputs against its own. Requests are JSON lines on stdin, replies JSON lines
+on ``--reply-fd``.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from kevin_exp.bench.config import Tolerance
+from kevin_exp.bench.exchange import HeaderError, Layout, Region, describe, mismatch, read_values, validate, write_values
+from kevin_exp.bench.worker.comparison import compare_outputs, same_values
+from kevin_exp.bench.worker.reference import load_reference, make_inputs
+from kevin_exp.bench.worker.tensors import clone_values, device_name, synchronize
+from kevin_exp.bench.worker.timing import CacheFlusher, Timer
+
+KEEP_PROBLEMS = 4
+
+
+def trial_seed(secret: int, index: int) -> int:
+    """Trial ``index``'s input seed, derived from the evaluation's secret seed."""
+    digest = hashlib.sha256(f"{secret}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class _Tolerances:
+    """``compare_outputs`` reads ``config.tolerance_for``; the request carries the table."""
+
+    def __init__(self, table: dict[str, dict[str, float]]) -> None:
+        self.table = {k: Tolerance(**v) for k, v in table.items()}
+
+    def tolerance_for(self, dtype_name: str) -> Tolerance:
+        return self.table.get(dtype_name, self.table["float32"])
+
+
+class Problem:
+    def __init__(self, source: str, backend: str, init_seed: int, device: torch.device) -> None:
+        self.ns = load_reference(source, backend)
+        self.device = device
+        torch.manual_seed(init_seed)
+        self.init_inputs = self.ns["get_init_inputs"]()
+        torch.manual_seed(init_seed)
+        self.model = self.ns["Model"](*self.init_inputs).to(device).eval()
+        sample = make_inputs(self.ns, 0, device)
+        with torch.no_grad():
+            out = self.model(*clone_values(sample))
+        synchronize(device)
+        self.input_header, self.output_header = describe(list(sample)), describe(out)
+
+    def inputs(self, seed: int) -> list[Any]:
+        return make_inputs(self.ns, seed, self.device)
+
+
+class Server:
+    def __init__(self, exchange_fd: int, backend: str) -> None:
+        self.region = Region(exchange_fd, pin=backend == "cuda")
+        self.backend = backend
+        self.device = torch.device("cuda" if backend == "cuda" else "cpu")
+        self.problems: OrderedDict[str, Problem] = OrderedDict()
+        self.problem: Problem | None = None
+        self.trials: dict[int, tuple[list[Any], Any]] = {}
+        self.secret: int | None = None
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request["op"]
+        return getattr(self, f"op_{op}")(request)
+
+    def op_prepare(self, r: dict[str, Any]) -> dict[str, Any]:
+        key = hashlib.sha256(f"{r['init_seed']}\0{r['source']}".encode()).hexdigest()
+        problem = self.problems.pop(key, None)
+        if problem is None:
+            problem = Problem(r["source"], self.backend, int(r["init_seed"]), self.device)
+        self.problems[key] = problem
+        while len(self.problems) > KEEP_PROBLEMS:
+            self.problems.popitem(last=False)
+        self.problem, self.trials, self.secret = problem, {}, None
+        return {"op": "prepared", "input": problem.input_header, "output": problem.output_header,
+                "init": describe(list(problem.init_inputs)), "device": device_name(self.device),
+                "torch": torch.__version__}
+
+    def op_stage_init(self, r: dict[str, Any]) -> dict[str, Any]:
+        layout = Layout.from_json(r["layout"])
+        header, _ = write_values(list(self.problem.init_inputs), self.region.mapped(layout.size), layout.inputs_at,
+                                 layout.outputs_at)
+        return {"op": "staged", "inputs": header}
+
+    def op_time(self, r: dict[str, Any]) -> dict[str, Any]:
+        """The reference timed like the candidate: fresh inputs each call, a cache flush, events, device sync."""
+        problem = self.problem
+        flusher, timer = CacheFlusher(self.device), Timer(self.device)
+        samples = []
+        with torch.no_grad():
+            for k in range(int(r["warmup"]) + int(r["trials"])):
+                inputs = problem.inputs(trial_seed(int(r["seed"]), k))
+                synchronize(self.device)
+                flusher.flush()
+                ms, _ = timer(lambda x=inputs: problem.model(*x))
+                if k >= int(r["warmup"]):
+                    samples.append(ms)
+        return {"op": "timed", "ms": samples}
+
+    def op_chunk(self, r: dict[str, Any]) -> dict[str, Any]:
+        """Inputs and expected outputs of trials [start, start + count), drawn from the secret seed."""
+        self.secret = int(r["secret"])
+        self.trials = {}
+        with torch.no_grad():
+            for i in range(int(r["start"]), int(r["start"]) + int(r["count"])):
+                inputs = self.problem.inputs(trial_seed(self.secret, i))
+                self.trials[i] = (inputs, self.problem.model(*clone_values(inputs)))
+        synchronize(self.device)
+        return {"op": "chunked"}
+
+    def op_stage(self, r: dict[str, Any]) -> dict[str, Any]:
+        layout = Layout.from_json(r["layout"])
+        inputs, _ = self.trials[int(r["i"])]
+        header, _ = write_values(list(inputs), self.region.mapped(layout.size), layout.inputs_at, layout.outputs_at)
+        synchronize(self.device)
+        return {"op": "staged", "inputs": header}
+
+    def op_check(self, r: dict[str, Any]) -> dict[str, Any]:
+        layout = Layout.from_json(r["layout"])
+        inputs, expected = self.trials.pop(int(r["i"]))
+        try:
+            validate(r["outputs"], layout.outputs_at, layout.after_at)
+            validate(r["after"], layout.after_at, layout.size)
+        except HeaderError as exc:
+            return {"op": "checked", "ok": False, "reason": f"the runner's report is malformed ({exc})", "malformed": True}
+        why = mismatch(r["outputs"], describe(expected))
+        if why:
+            return {"op": "checked", "ok": False, "reason": why}
+        mm = self.region.mapped(layout.size)
+        out = read_values(r["outputs"], mm, self.device)
+        cmp = compare_outputs(expected, out, _Tolerances(r["tolerances"]))
+        if not cmp.ok:
+            return {"op": "checked", "ok": False, "reason": cmp.reason, "max_abs_diff": cmp.max_abs_diff}
+        if r.get("inputs_back"):
+            after = r["after"]
+            if mismatch(after, describe(list(inputs)), "input") or not same_values(read_values(after, mm, self.device), inputs):
+                return {"op": "checked", "ok": False, "reason": "forward modified its input tensors in place"}
+        return {"op": "checked", "ok": True, "max_abs_diff": cmp.max_abs_diff}
+
+    def op_release(self, r: dict[str, Any]) -> dict[str, Any]:
+        self.trials, self.secret = {}, None
+        return {"op": "released"}
+
+    def op_report(self, r: dict[str, Any]) -> dict[str, Any]:
+        """What this process has loaded: its modules and the shared objects mapped into it."""
+        maps = set()
+        try:
+            for line in open("/proc/self/maps"):
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and ".so" in parts[5]:
+                    maps.add(parts[5].strip())
+        except OSError:
+            pass
+        return {"op": "report", "modules": sorted(sys.modules), "shared_objects": sorted(maps), "cwd": os.getcwd()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="kevin_exp.bench.reference_server")
+    parser.add_argument("--reply-fd", type=int, required=True)
+    parser.add_argument("--exchange-fd", type=int, required=True)
+    parser.add_argument("--backend", choices=("cpu", "cuda"), required=True)
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args(argv)
+    replies = os.fdopen(args.reply_fd, "w")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.backend == "cuda":
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+    server = Server(args.exchange_fd, args.backend)
+    replies.write(json.dumps({"op": "ready", "pid": os.getpid()}) + "\n")
+    replies.flush()
+    for line in sys.stdin.buffer:
+        request = json.loads(line)
+        t0 = time.perf_counter()
+        try:
+            reply = server.handle(request)
+        except Exception as exc:  # noqa: BLE001 - a broken reference program is reported, the process goes on
+            import traceback
+
+            reply = {"op": "error", "reason": f"{type(exc).__name__}: {exc}"[:2000],
+                     "detail": "".join(traceback.format_exc().splitlines(True)[-8:])}
+        reply["s"] = round(time.perf_counter() - t0, 5)
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    main()

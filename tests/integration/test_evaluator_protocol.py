@@ -1,0 +1,103 @@
+"""The split evaluator against candidates that attack the old single-process design, each with an honest
+twin (``ok``): the reference runs and is timed in a trusted process, every call gets fresh inputs from a
+secret seed and is checked, hangs are bounded by the reference's time, too-good speedups are re-timed."""
+from __future__ import annotations
+
+import pytest
+
+from kevin_exp.bench import BenchConfig, CheckRules, Status
+from kevin_exp.bench.evaluator import EvalItem, Evaluator
+from tests.conftest import fixture_text
+
+RELU = fixture_text("problem_relu.py")
+# the attacks run at import time or in Python: with the static rules that would refuse them off, what stops
+# them is the design
+OPEN_RULES = CheckRules(no_timing_patch=False, no_torch_compute=False, restrict_imports=False)
+
+
+def item(name: str) -> EvalItem:
+    return EvalItem(name, RELU, fixture_text("cpu", f"{name}.py"))
+
+
+@pytest.fixture(scope="module")
+def evaluator(build_cache):
+    config = BenchConfig(backend="cpu", timed_trials=30, warmup_trials=2, correctness_trials=3, cache_dir=build_cache,
+                         rules=OPEN_RULES, recheck_speedup=1e9)
+    with Evaluator(config) as ev:
+        yield ev
+
+
+def test_patching_torch_at_import_does_not_slow_the_reference(evaluator):
+    honest, patched = evaluator.evaluate([item("ok"), item("slow_reference_patch")])
+    assert honest.status is Status.OK, honest.reason
+    assert patched.status is Status.OK, patched.reason
+    assert patched.ref_runtime_ms == honest.ref_runtime_ms  # one measurement, in the trusted process
+    ratio = patched.speedup / honest.speedup
+    assert 1 / 1.5 < ratio < 1.5, (patched.speedup, honest.speedup)
+
+
+@pytest.mark.parametrize("name", ["cache_by_content", "cache_by_pointer"])
+def test_a_kernel_that_caches_outputs_is_incorrect(evaluator, name):
+    [v] = evaluator.evaluate([item(name)])
+    assert v.status is Status.INCORRECT, v.reason
+    assert not v.correct and v.speedup is None
+
+
+def test_answers_precomputed_from_the_seeds_the_candidate_can_see_are_incorrect(evaluator):
+    [v] = evaluator.evaluate([item("precompute_from_seed")])
+    assert v.status is Status.INCORRECT, v.reason
+    assert v.reason.startswith("trial 1/3"), v.reason
+
+
+def test_computing_only_now_and_then_is_caught_on_the_first_skipped_call(evaluator):
+    honest, lazy = evaluator.evaluate([item("ok"), item("correct_every_nth")])
+    assert honest.status is Status.OK, honest.reason
+    assert lazy.status is Status.INCORRECT, lazy.reason
+    # calls 1-6 are computed (3 checks, 2 warm-ups, timed call 1); timed call 2 is the first one skipped
+    assert "timed call 2 " in lazy.reason, lazy.reason
+
+
+def test_every_call_is_checked_and_counted(evaluator):
+    [v] = evaluator.evaluate([item("ok")])
+    assert v.status is Status.OK, v.reason
+    assert v.extra["checked_calls"] == 3 + 2 + 30 + 1
+    assert v.correctness_trials == 3 + 1  # the last one drawn after all timing
+    assert v.runtime_stats.trials == 30 and v.ref_runtime_stats.trials == 30
+    assert v.outside_runtime_ms >= v.runtime_ms  # the parent's clock around each call contains the reported time
+
+
+def test_the_reference_process_never_loads_candidate_code(evaluator):
+    [v] = evaluator.evaluate([item("import_marker")])
+    assert v.status is Status.OK, v.reason
+    reference = evaluator._slots[0].reference()
+    report = reference.call({"op": "report"}, 60)
+    assert not (reference.private_dir / "kx-imported-candidate-marker").exists()
+    assert report["cwd"] == str(reference.private_dir)
+    assert not [m for m in report["modules"] if "fx_" in m or m.startswith("kx_") or m == "candidate"], report["modules"]
+    assert not [p for p in report["shared_objects"] if str(evaluator.cache_dir) in p], report["shared_objects"]
+    assert "kevin_exp.bench.worker.candidate" not in report["modules"]
+
+
+def test_a_hang_on_a_fast_reference_gets_a_deadline_near_the_floor(build_cache):
+    config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, correctness_trials=1, cache_dir=build_cache,
+                         hang_floor_s=3.0, hang_factor=1.0, hang_ceiling_s=120.0)
+    with Evaluator(config) as ev:
+        [v] = ev.evaluate([item("hang")])
+    assert v.status is Status.TIMEOUT, v.reason
+    assert 3.0 <= v.time_limit_s < 5.0, v.time_limit_s  # relu on 1M floats: ms (tens on a busy box) x 8 calls
+    assert v.extra["limits"]["trials_s"] == v.time_limit_s
+    assert f"{v.time_limit_s:.3g} s limit" in v.reason
+
+
+def test_a_too_good_speedup_is_retimed_and_an_honest_one_stays_ok(build_cache):
+    config = BenchConfig(backend="cpu", timed_trials=20, warmup_trials=2, correctness_trials=2, cache_dir=build_cache,
+                         recheck_speedup=1e-6, recheck_tolerance=2.0)
+    with Evaluator(config) as ev:
+        [v] = ev.evaluate([item("ok")])
+    assert v.status is Status.OK, v.reason
+    record = v.extra["recheck"]
+    assert record["first"]["status"] == record["second"]["status"] == "ok"
+    assert record["first"]["runtime_ms"] > 0 and record["second"]["runtime_ms"] > 0
+    # the recheck timed the reference again; both speedups are over the faster reference time
+    assert v.ref_runtime_ms == record["second"]["ref_runtime_ms"] <= record["first"]["ref_runtime_ms"]
+    assert v.speedup == pytest.approx(v.ref_runtime_ms / v.runtime_ms)

@@ -1,0 +1,100 @@
+"""Tensors between the trusted reference process and the candidate's runner: headers are validated before a
+byte is read, and values round-trip through a real memfd."""
+from __future__ import annotations
+
+import mmap
+import os
+
+import pytest
+import torch
+
+from kevin_exp.bench.exchange import (
+    HeaderError,
+    Layout,
+    Region,
+    describe,
+    ensure_size,
+    mismatch,
+    new_exchange_fd,
+    read_values,
+    validate,
+    write_values,
+)
+
+
+def tensor_header(dtype="float32", shape=(2, 3), offset=0, nbytes=None):
+    nbytes = 24 if nbytes is None else nbytes
+    return {"t": "tensor", "dtype": dtype, "shape": list(shape), "offset": offset, "nbytes": nbytes}
+
+
+def test_values_round_trip_through_a_memfd_seen_by_a_second_mapping():
+    fd = new_exchange_fd(64)
+    try:
+        values = [torch.randn(3, 5), torch.arange(7, dtype=torch.int64), 4, torch.ones(2, dtype=torch.bfloat16)]
+        layout = Layout.for_sizes(4096, 4096)
+        ensure_size(fd, layout.size)
+        header, end = write_values(values, Region(fd).mapped(layout.size), layout.inputs_at, layout.outputs_at)
+        validate(header, layout.inputs_at, layout.outputs_at)
+        other = mmap.mmap(fd, layout.size)  # as another process maps the same file
+        back = read_values(header, other, torch.device("cpu"))
+        assert isinstance(back, list) and back[2] == 4
+        for a, b in zip(back, values):
+            if isinstance(b, torch.Tensor):
+                assert a.dtype == b.dtype and torch.equal(a, b)
+        assert end <= layout.outputs_at and header["items"][1]["offset"] % 64 == 0
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("header, words", [
+    (tensor_header(dtype="object"), "not allowed"),
+    (tensor_header(nbytes=25), "do not match"),
+    (tensor_header(offset=4096 - 64, nbytes=24, shape=(2, 3)) | {"offset": 4096}, "outside"),
+    (tensor_header(offset=3), "bad offset"),
+    (tensor_header(shape=(-1, 3)), "bad shape"),
+    (tensor_header() | {"extra": 1}, "malformed"),
+    ({"t": "value", "value": "x" * 1001}, "number"),
+    ({"t": "value", "value": {"a": 1}}, "number"),
+    ({"t": "list", "items": [{"t": "list", "items": [{"t": "list", "items": [{"t": "list", "items": [
+        {"t": "list", "items": [{"t": "list", "items": []}]}]}]}]}]}, "malformed"),
+    ("not a dict", "malformed"),
+])
+def test_bad_headers_are_refused_before_reading(header, words):
+    with pytest.raises(HeaderError, match=words):
+        validate(header, 0, 4096)
+
+
+def test_a_header_that_fits_but_describes_the_wrong_answer_says_how():
+    expected = describe(torch.zeros(4, 4))
+    assert mismatch(describe(torch.zeros(4, 4)), expected) is None
+    assert "shape (4, 5) != expected (4, 4)" in mismatch(describe(torch.zeros(4, 5)), expected)
+    assert "dtype torch.float64" in mismatch(describe(torch.zeros(4, 4, dtype=torch.float64)), expected)
+    assert "plain torch.Tensor" in mismatch({"t": "value", "value": 1}, expected)
+    assert "sequence of 2" in mismatch(describe(torch.zeros(1)), describe((torch.zeros(1), torch.zeros(1))))
+
+
+def test_a_writer_cannot_spill_past_its_part_or_pass_a_tensor_subclass():
+    fd = new_exchange_fd(4096)
+    try:
+        mm = Region(fd).mapped(4096)
+        with pytest.raises(HeaderError, match="more than"):
+            write_values(torch.zeros(100), mm, 0, 128)
+
+        class Lazy(torch.Tensor):
+            pass
+
+        with pytest.raises(HeaderError, match="plain torch.Tensor"):
+            write_values(torch.zeros(2).as_subclass(Lazy), mm, 0)
+    finally:
+        os.close(fd)
+
+
+def test_the_shared_file_can_grow_but_not_shrink():
+    fd = new_exchange_fd(4096)
+    try:
+        ensure_size(fd, 8192)
+        assert os.fstat(fd).st_size == 8192
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)  # what a hostile runner holding the descriptor would try
+    finally:
+        os.close(fd)

@@ -1,0 +1,65 @@
+"""The reward's optional speedup cap, the suspect share in the step metrics, and the evaluator settings'
+checks (new timing-protocol settings)."""
+from __future__ import annotations
+
+import pytest
+
+from kevin_exp.bench.config import BenchConfig
+from kevin_exp.config import EvaluatorConfig
+from kevin_exp.rl.reward import turn_score
+from kevin_exp.rollout.env import TurnResult
+from kevin_exp.rollout.loop import RolloutTimes, TurnSample
+from kevin_exp.rollout.prompts import Attempt
+from kevin_exp.rows import metrics_row, turn_row
+from kevin_exp.tasks import load_builtin
+
+
+def test_the_speedup_term_is_capped_only_when_asked():
+    assert turn_score(True, 40.0) == pytest.approx(40.3)
+    assert turn_score(True, 40.0, max_speedup=0) == pytest.approx(40.3)
+    assert turn_score(True, 40.0, max_speedup=None) == pytest.approx(40.3)
+    assert turn_score(True, 40.0, max_speedup=10.0) == pytest.approx(10.3)
+    assert turn_score(True, 2.0, max_speedup=10.0) == pytest.approx(2.3)
+    assert turn_score(False, 40.0, max_speedup=10.0) == 0.0
+
+
+def _sample(status: str, correct: bool, speedup: float | None) -> TurnSample:
+    task = load_builtin()[0]
+    result = TurnResult(status, correct, turn_score(correct, speedup), Attempt("code", "", status, ""), speedup,
+                        suspect=status == "suspect")
+    return TurnSample(task, 0, 0, prompt_ids=[1], response_ids=[1, 2], text="Okay", truncated=False,
+                      dropped_attempts=0, result=result)
+
+
+def test_metrics_rows_carry_the_suspect_share_and_turn_rows_the_flag():
+    samples = [_sample("ok", True, 2.0), _sample("suspect", False, 60.0), _sample("incorrect", False, None),
+               _sample("ok", True, 1.0)]
+    stats = {k: 0.0 for k in ("loss", "grad_norm", "kl", "entropy", "clip_fraction", "lr", "gradient_steps",
+                              "logprob_diff_mean", "logprob_diff_max")}
+    row = metrics_row("run", 1, samples, stats, RolloutTimes(), 0.0, 0.0, {}, "Okay")
+    assert row["suspect_ratio"] == 0.25
+    assert row["speedup_mean"] == 1.5  # the suspect speedup counts for nothing
+    turn = turn_row("run", "train", 1, samples[1], {}, "Okay", "cpu")
+    assert turn["suspect"] is True and turn["speedup"] is None and turn["score"] == 0.0
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(hang_floor_s=30.0, hang_ceiling_s=10.0), "hang_floor_s"),
+    (dict(recheck_tolerance=0.5), "recheck_tolerance"),
+    (dict(max_speedup=-1.0), "max_speedup"),
+    (dict(load_timeout_s=0.0), "load_timeout_s"),
+])
+def test_bench_config_refuses_bad_protocol_settings(fields, words):
+    with pytest.raises(ValueError, match=words):
+        BenchConfig(**fields)
+
+
+def test_the_hydra_evaluator_settings_reach_the_bench_config():
+    cfg = EvaluatorConfig(backend="cpu", recheck_speedup=3.0, recheck_tolerance=2.0, max_speedup=8.0, hang_floor_s=5.0,
+                          hang_factor=4.0, hang_ceiling_s=50.0, load_timeout_s=20.0, chunk_bytes=1 << 20,
+                          forbid_new_tasks=False)
+    bench = cfg.to_bench()
+    assert (bench.recheck_speedup, bench.recheck_tolerance, bench.max_speedup) == (3.0, 2.0, 8.0)
+    assert (bench.hang_floor_s, bench.hang_factor, bench.hang_ceiling_s, bench.load_timeout_s) == (5.0, 4.0, 50.0, 20.0)
+    assert bench.chunk_bytes == 1 << 20 and bench.forbid_new_tasks is False
+    assert EvaluatorConfig(hang_floor_s=30.0, hang_ceiling_s=10.0).extra_checks("evaluator.")
