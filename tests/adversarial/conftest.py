@@ -9,19 +9,18 @@ from tests.adversarial.attacks import config
 
 
 def evaluate_attacks(attacks, cfg) -> dict[str, tuple]:
-    """{attack name: (attack verdict, honest twin verdict)}; identical twins run once."""
+    """{attack name: (attack verdict, honest twin verdict)}; identical twins run once, before their attacks."""
     items: list[EvalItem] = []
     twin_index: dict[tuple[str, str], int] = {}
     where: dict[str, tuple[int, int]] = {}
     for attack in attacks:
         bad, good = attack.items()
-        items.append(bad)
-        mine = len(items) - 1
         key = (attack.problem, attack.honest)
-        if key not in twin_index:
+        if key not in twin_index:  # the twin first: it may leave behind what its attack tries to use
             twin_index[key] = len(items)
             items.append(good)
-        where[attack.name] = (mine, twin_index[key])
+        items.append(bad)
+        where[attack.name] = (len(items) - 1, twin_index[key])
     with Evaluator(cfg) as ev:
         verdicts = ev.evaluate(items)
     return {name: (verdicts[i], verdicts[j]) for name, (i, j) in where.items()}

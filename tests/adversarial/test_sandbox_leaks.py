@@ -183,7 +183,8 @@ def test_honest_twin_passes(leaks):
 
 def test_nothing_written_outlives_the_worker(leaks):
     verdicts, _, left_behind = leaks
-    assert not left_behind, f"files a later candidate could read: {left_behind}; {said(verdicts['write_where_later_candidates_read'])[:800]}"
+    report = said(verdicts['write_where_later_candidates_read'])[:800]
+    assert not left_behind, f"files a later candidate could read: {left_behind}; {report}"
 
 
 def test_host_files_stay_unreadable(leaks):
