@@ -104,13 +104,18 @@ def stopped(*statuses: str) -> frozenset[str]:
     return frozenset(statuses)
 
 
-def config(cache_dir: Path, **overrides) -> BenchConfig:
+def config(cache_dir: Path, hang_s: float = 30.0, **overrides) -> BenchConfig:
     """Small and quick: one core (the reference's timing stays steady on a shared machine), two correctness
-    trials before and after timing, twelve timed trials, short limits."""
-    base = BenchConfig(backend="cpu", correctness_trials=2, warmup_trials=1, timed_trials=12, timing_input_sets=2,
-                       timing_check_every=10, run_timeout_s=30, compile_timeout_s=120, memory_limit_gb=4.0,
-                       feedback_chars=2000, cpus=1, cache_dir=cache_dir)
-    return dataclasses.replace(base, **overrides)
+    trials before and after timing, twelve timed trials, hangs ended after ``hang_s``. Settings this version
+    of the evaluator does not have are left out (``run_timeout_s``, ``timing_*``: before the reference moved
+    to its own process; ``hang_*``, ``load_timeout_s``: after)."""
+    wanted = dict(backend="cpu", correctness_trials=2, warmup_trials=1, timed_trials=12, compile_timeout_s=120,
+                  memory_limit_gb=4.0, feedback_chars=2000, cpus=1, cache_dir=cache_dir, hang_floor_s=hang_s,
+                  hang_ceiling_s=hang_s, load_timeout_s=hang_s, run_timeout_s=hang_s, timing_input_sets=2,
+                  timing_check_every=10)
+    wanted.update(overrides)
+    known = {f.name for f in dataclasses.fields(BenchConfig)}
+    return BenchConfig(**{k: v for k, v in wanted.items() if k in known})
 
 
 def judge(attack: Attack, verdict, honest_verdict) -> None:

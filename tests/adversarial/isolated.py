@@ -3,6 +3,7 @@ static check that goes quadratic, a parser that recurses), where a stall or cras
 session with it. ``python -m tests.adversarial.isolated SPEC.json`` prints the verdicts as JSON."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,9 +21,9 @@ def evaluate_with_deadline(items: list[tuple[str, str, str]], cfg: BenchConfig, 
     """Verdicts on (problem_id, reference, candidate) items, or None when the evaluator did not answer in time."""
     with tempfile.TemporaryDirectory(prefix="kx-adv-") as tmp:
         spec = Path(tmp) / "spec.json"
-        spec.write_text(json.dumps({"items": items, "cache_dir": str(cfg.cache_dir), "run_timeout_s": cfg.run_timeout_s,
-                                    "timed_trials": cfg.timed_trials, "correctness_trials": cfg.correctness_trials,
-                                    "warmup_trials": cfg.warmup_trials, "cpus": cfg.cpus}))
+        settings = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+                    if isinstance(getattr(cfg, f.name), (bool, int, float, str))}
+        spec.write_text(json.dumps({"items": items, "cache_dir": str(cfg.cache_dir), "settings": settings}))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
         proc = subprocess.Popen([sys.executable, "-m", "tests.adversarial.isolated", str(spec)], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -41,9 +42,7 @@ def main(path: str) -> None:
     from kevin_exp.bench.evaluator import EvalItem, Evaluator
 
     spec = json.loads(Path(path).read_text())
-    cfg = BenchConfig(backend="cpu", cache_dir=Path(spec["cache_dir"]), run_timeout_s=spec["run_timeout_s"],
-                      timed_trials=spec["timed_trials"], correctness_trials=spec["correctness_trials"],
-                      warmup_trials=spec["warmup_trials"], cpus=spec["cpus"])
+    cfg = BenchConfig(cache_dir=Path(spec["cache_dir"]), **spec["settings"])
     with Evaluator(cfg) as ev:
         verdicts = ev.evaluate([EvalItem(*item) for item in spec["items"]])
     print(json.dumps([v.to_json() for v in verdicts]))

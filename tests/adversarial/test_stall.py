@@ -11,7 +11,7 @@ import pytest
 from tests.adversarial.attacks import HONEST, PROBLEM, Attack, candidate, config, judge, stopped
 from tests.adversarial.isolated import evaluate_with_deadline
 
-CONFIG = {"run_timeout_s": 8, "memory_limit_gb": 2.0}
+CONFIG = {"hang_s": 8, "memory_limit_gb": 2.0}
 
 # ".a<" never closes: the method-call pattern's `<[^;(){}]*>` rescans to the end from every occurrence.
 QUADRATIC_REGEX = '''import torch
@@ -143,7 +143,7 @@ def test_output_flood_is_drained_and_the_kernel_still_judged(build_cache):
 def test_static_checks_answer_within_a_deadline(build_cache, name, source):
     """The parent's checks run on what folding makes of 30 bytes of source: they must refuse or finish in time."""
     start = time.monotonic()
-    verdicts = evaluate_with_deadline([(name, PROBLEM, source)], config(build_cache, run_timeout_s=10), deadline_s=45)
+    verdicts = evaluate_with_deadline([(name, PROBLEM, source)], config(build_cache, hang_s=10), deadline_s=45)
     assert verdicts is not None, f"{name}: the evaluator gave no verdict within 45 s (stalled or died)"
     [v] = verdicts
     assert v.status.value in ("forbidden", "format_error", "compile_error"), (v.status, v.reason)
