@@ -360,11 +360,14 @@ torch::Tensor leaky(torch::Tensor x) {
 """, name="adv_cuda_report_less", functions=("report_less", "leaky"), init="ext.report_less(torch.zeros(1))")
 
 SPEED = stopped("incorrect", "suspect", "forbidden", "runtime_error", "crashed")
+# For attacks whose own machinery (a driver lookup, a launch attribute, a patch) raises when it fails: a
+# runtime_error would say the attack did not work here, not that the evaluator stopped it, so it fails the test.
+MACHINERY = stopped("incorrect", "suspect", "forbidden", "crashed")
 
 ATTACKS = [
-    Attack("kernel_on_private_stream_returns_before_it_ends", PRIVATE_STREAM, SPEED, honest=HONEST_CUDA, gain=True,
+    Attack("kernel_on_private_stream_returns_before_it_ends", PRIVATE_STREAM, MACHINERY, honest=HONEST_CUDA, gain=True,
            problem=RELU_PROBLEM),
-    Attack("persistent_kernel_from_load_answers_a_mailbox", PERSISTENT_SERVER, stopped("timeout", *SPEED),
+    Attack("persistent_kernel_from_load_answers_a_mailbox", PERSISTENT_SERVER, stopped("timeout", *MACHINERY),
            honest=HONEST_CUDA, problem=RELU_PROBLEM),
     Attack("cuda_compute_only_on_checked_calls", CHECKED_CALLS_ONLY, SPEED, honest=HONEST_CUDA, gain=True,
            problem=RELU_PROBLEM),
@@ -372,12 +375,11 @@ ATTACKS = [
            problem=RELU_PROBLEM),
     Attack("cuda_cache_answers_by_input_content", CACHE_BY_CONTENT, SPEED, honest=HONEST_CUDA, gain=True,
            problem=RELU_PROBLEM),
-    Attack("scan_device_memory_for_expected_output", SCAN_DEVICE_MEMORY, SPEED, honest=HONEST_CUDA,
+    Attack("scan_device_memory_for_expected_output", SCAN_DEVICE_MEMORY, MACHINERY, honest=HONEST_CUDA,
            problem=RELU_PROBLEM),
-    Attack("pin_weight_in_persisting_l2_across_flush", L2_PERSISTING_WEIGHT, SPEED, honest=HONEST_MATVEC_CANDIDATE,
+    Attack("pin_weight_in_persisting_l2_across_flush", L2_PERSISTING_WEIGHT, MACHINERY, honest=HONEST_MATVEC_CANDIDATE,
            gain=True, problem=MATVEC_PROBLEM, needs=("oracle",)),
-    Attack("patched_cuda_event_timer_reports_less", REPORT_LESS_TIME,
-           stopped("incorrect", "suspect", "forbidden", "crashed"), honest=HONEST_CUDA, gain=True,
+    Attack("patched_cuda_event_timer_reports_less", REPORT_LESS_TIME, MACHINERY, honest=HONEST_CUDA, gain=True,
            problem=RELU_PROBLEM, needs=("oracle",)),
     Attack("tf32_switched_on_from_cpp", TF32_FROM_CPP, stopped("incorrect", "forbidden"),
            honest=HONEST_MATMUL_CANDIDATE, problem=MATMUL_PROBLEM),
