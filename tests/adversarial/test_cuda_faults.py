@@ -14,10 +14,12 @@ from tests.adversarial.cuda_attacks import CUDA_CONFIG, HONEST_CUDA, LEAKY_KERNE
 pytestmark = pytest.mark.gpu
 
 HANG = cuda_candidate(LEAKY_KERNEL + r"""
+__device__ volatile int released = 0;  // nothing ever sets it
+
 __global__ void spin_kernel(const float* x, float* out, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    while (true) { if (i < 0) break; }  // i is never negative: the loop never ends
-    out[i] = x[i];
+    while (!released) { }  // a volatile read per turn: the compiler must keep the loop
+    if (i < n) out[i] = x[i];
 }
 
 torch::Tensor leaky(torch::Tensor x) {
