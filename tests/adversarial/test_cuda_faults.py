@@ -5,8 +5,13 @@ expected outputs. Each must end in a verdict that scores nothing (or an honest o
 evaluated next on the same slot must still be ``ok``: one evaluator, each fault followed by its twin."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
+from kevin_exp.bench.build import BuildError
+from kevin_exp.bench.checks import check_candidate
+from kevin_exp.bench.config import CheckRules
 from kevin_exp.bench.evaluator import EvalItem, Evaluator
 from tests.adversarial.attacks import Attack, config, judge, stopped
 from tests.adversarial.cuda_attacks import CUDA_CONFIG, HONEST_CUDA, LEAKY_KERNEL, RELU_PROBLEM, cuda_candidate
@@ -124,7 +129,23 @@ ATTACKS = [
 @pytest.fixture(scope="module")
 def evaluator(build_cache):
     with Evaluator(config(build_cache, **CUDA_CONFIG)) as ev:
+        prebuild(ev, [a.source for a in ATTACKS] + [HONEST_CUDA])
         yield ev
+
+
+def prebuild(ev: Evaluator, sources: list[str]) -> None:
+    """Every extension built up front, in parallel, into the build cache (the evaluations below run one at a
+    time, and would compile one at a time); a build that fails is left for its evaluation to report."""
+    specs = [spec for source in sources for spec in check_candidate(source, "cuda", CheckRules())[0].specs]
+
+    def build(spec) -> None:
+        try:
+            ev.builder.build(spec)
+        except BuildError:
+            pass
+
+    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
+        list(pool.map(build, specs))
 
 
 @pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
