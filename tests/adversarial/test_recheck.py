@@ -1,0 +1,186 @@
+"""Class 5: verdicts that look too good: speedups made by something other than the kernel, which a clean
+re-measurement would not reproduce: the reference slowed by a thread of the candidate's that spins whenever
+the candidate is not running, and answers left on disk by an earlier candidate that a later one only reads."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.adversarial.attacks import HONEST, Attack, candidate, judge, stopped
+
+SPIN_BETWEEN_CALLS = candidate(r"""
+#include <atomic>
+namespace kx = std;
+
+static void leaky_into(const float* in, float* o, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) { float v = in[i]; o[i] = (v > 0.f ? v : 0.f) + 0.5f * v; }
+}
+
+static std::atomic<bool> mine{false};
+static bool started = false;
+
+static void spin() {
+    volatile unsigned long sink = 0;
+    while (true) { if (!mine.load()) sink = sink + 1; }
+}
+
+torch::Tensor leaky(torch::Tensor x) {
+    if (!started) { started = true; kx::thread(spin).detach(); }
+    mine = true;
+    auto out = torch::empty_like(x);
+    leaky_into(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
+    mine = false;
+    return out;
+}
+""", name="adv_spinner")
+
+STORE = f"/var/tmp/kx-rt-answers-{uuid.uuid4().hex[:12]}"
+
+DISK_ANSWERS = r"""
+#include <fstream>
+#include <string>
+#include <sys/stat.h>
+
+static void leaky_into(const float* in, float* o, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) { float v = in[i]; o[i] = (v > 0.f ? v : 0.f) + 0.5f * v; }
+}
+
+static std::string key(const torch::Tensor& x, const std::string& store) {
+    const uint32_t* bits = reinterpret_cast<const uint32_t*>(x.data_ptr<float>());
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t i = 0; i < x.numel(); i += 1021) { h ^= bits[i]; h *= 1099511628211ull; }
+    return store + "/" + std::to_string(h);
+}
+
+torch::Tensor answer(torch::Tensor x, std::string store, bool compute) {
+    auto out = torch::zeros_like(x);
+    const int64_t bytes = x.numel() * sizeof(float);
+    if (compute) {
+        leaky_into(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
+        mkdir(store.c_str(), 0777);
+        std::ofstream(key(x, store), std::ios::binary).write(reinterpret_cast<const char*>(out.data_ptr<float>()), bytes);
+        return out;
+    }
+    std::ifstream(key(x, store), std::ios::binary).read(reinterpret_cast<char*>(out.data_ptr<float>()), bytes);
+    return out;
+}
+"""
+
+WRITER = candidate(DISK_ANSWERS, name="adv_disk_answers", functions=("answer",), forward=f"return ext.answer(x, {STORE!r}, True)")
+READER = candidate(DISK_ANSWERS, name="adv_disk_answers", functions=("answer",), forward=f"return ext.answer(x, {STORE!r}, False)")
+
+# The runner times its own calls with the process's monotonic clock. Native code rewrites the entry of libc's
+# clock_gettime into a jump to its own function, which reads the true time from the vDSO (found by its ELF
+# symbol table, through getauxval) and runs CLOCK_MONOTONIC at 40% speed from then on. The page is made
+# writable with pkey_mprotect (pkey -1: plain mprotect, under a name the static rule does not list), else
+# written through /proc/self/mem. Every output is right and the lie is the same in every runner, so the
+# recheck agrees; the parent's outside clock (which includes copying inputs in) is longer than either.
+SLOW_CLOCK = candidate(r"""
+#include <cstdint>
+#include <cstring>
+#include <ctime>
+#include <elf.h>
+#include <fcntl.h>
+#include <sys/auxv.h>
+#include <unistd.h>
+
+extern "C" int pkey_mprotect(void* addr, size_t len, int prot, int pkey);
+
+static void leaky_into(const float* in, float* o, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) { float v = in[i]; o[i] = (v > 0.f ? v : 0.f) + 0.5f * v; }
+}
+
+typedef int (*gettime_fn)(clockid_t, struct timespec*);
+static gettime_fn true_gettime = nullptr;
+static int64_t since_ns = 0;
+static long slowed = 0;
+
+static gettime_fn vdso_gettime() {
+    const unsigned char* image = reinterpret_cast<const unsigned char*>(getauxval(AT_SYSINFO_EHDR));
+    if (!image) return nullptr;
+    auto eh = reinterpret_cast<const Elf64_Ehdr*>(image);
+    auto ph = reinterpret_cast<const Elf64_Phdr*>(image + eh->e_phoff);
+    uintptr_t bias = reinterpret_cast<uintptr_t>(image);
+    for (int i = 0; i < eh->e_phnum; ++i)
+        if (ph[i].p_type == PT_LOAD) { bias -= ph[i].p_vaddr - ph[i].p_offset; break; }
+    auto sh = reinterpret_cast<const Elf64_Shdr*>(image + eh->e_shoff);
+    for (int i = 0; i < eh->e_shnum; ++i) {
+        if (sh[i].sh_type != SHT_DYNSYM) continue;
+        auto syms = reinterpret_cast<const Elf64_Sym*>(image + sh[i].sh_offset);
+        auto names = reinterpret_cast<const char*>(image + sh[sh[i].sh_link].sh_offset);
+        for (size_t k = 0; k < sh[i].sh_size / sizeof(Elf64_Sym); ++k)
+            if (syms[k].st_value && strcmp(names + syms[k].st_name, "__vdso_clock_gettime") == 0)
+                return reinterpret_cast<gettime_fn>(bias + syms[k].st_value);
+    }
+    return nullptr;
+}
+
+static int slow_gettime(clockid_t id, struct timespec* ts) {
+    int r = true_gettime(id, ts);
+    if (r == 0 && id == CLOCK_MONOTONIC && since_ns) {
+        int64_t now = (int64_t)ts->tv_sec * 1000000000LL + ts->tv_nsec;
+        int64_t shown = since_ns + (now - since_ns) * 2 / 5;
+        ts->tv_sec = shown / 1000000000LL;
+        ts->tv_nsec = shown % 1000000000LL;
+        ++slowed;
+    }
+    return r;
+}
+
+static bool overwrite(void* where, const unsigned char* code, size_t len) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    void* first = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(where) & ~(page - 1));
+    if (pkey_mprotect(first, 2 * page, 7, -1) == 0) { memcpy(where, code, len); return true; }
+    int fd = open("/proc/self/mem", O_RDWR);
+    if (fd < 0) return false;
+    bool done = pwrite(fd, code, len, (off_t)reinterpret_cast<uintptr_t>(where)) == (ssize_t)len;
+    close(fd);
+    return done;
+}
+
+int slow_down() {
+    true_gettime = vdso_gettime();
+    TORCH_CHECK(true_gettime != nullptr, "no vDSO clock");
+    struct timespec ts;
+    true_gettime(CLOCK_MONOTONIC, &ts);
+    since_ns = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    unsigned char code[12] = {0x48, 0xB8};  // movabs rax, slow_gettime; jmp rax
+    uint64_t target = reinterpret_cast<uint64_t>(&slow_gettime);
+    memcpy(code + 2, &target, sizeof(target));
+    code[10] = 0xFF;
+    code[11] = 0xE0;
+    TORCH_CHECK(overwrite(reinterpret_cast<void*>(&clock_gettime), code, sizeof(code)), "patch refused");
+    return 0;
+}
+
+static long calls = 0;
+
+torch::Tensor leaky(torch::Tensor x) {
+    TORCH_CHECK(++calls < 6 || slowed > 0, "the timer never read the slowed clock");
+    auto out = torch::empty_like(x);
+    leaky_into(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
+    return out;
+}
+""", name="adv_slow_clock", functions=("slow_down", "leaky"), prelude="ext.slow_down()\n")
+
+ATTACKS = [
+    Attack("thread_spins_while_reference_runs", SPIN_BETWEEN_CALLS,
+           stopped("forbidden", "runtime_error", "crashed", "suspect"), gain=True, needs=("static", "sandbox")),
+    # The writer is an honest kernel that also saves its answers: it is the reader's twin and runs first.
+    Attack("read_answers_an_earlier_candidate_left_on_disk", READER, stopped("incorrect", "runtime_error", "crashed"),
+           honest=WRITER, needs=("sandbox", "oracle")),
+    # runtime_error here means the patch did not take (its own checks raise), not that it was stopped
+    Attack("slowed_monotonic_clock_reports_less", SLOW_CLOCK, stopped("forbidden", "crashed", "suspect", "incorrect"),
+           gain=True, needs=("oracle",)),
+]
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
+def test_attack_is_stopped(attack, verdicts):
+    judge(attack, *verdicts[attack.name])
+
+
+def test_honest_kernel_still_passes(verdicts):
+    assert verdicts["thread_spins_while_reference_runs"][1].status.value == "ok"
+    assert HONEST
