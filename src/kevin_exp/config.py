@@ -211,9 +211,9 @@ class TasksConfig:
 
 @dataclass
 class TrainerConfig:
-    # torch (one process); deepspeed is planned
-    backend: str = choice("torch", ("torch",), planned=("deepspeed",))
-    # auto: cuda when visible, else cpu; or cpu, cuda, cuda:N
+    # torch (one process, AdamW) | deepspeed (ZeRO-2/3 over every rank of the run: kevin_exp/trainer/deepspeed_learner.py)
+    backend: str = choice("torch", ("torch", "deepspeed"))
+    # auto: cuda when visible (cuda:LOCAL_RANK in a multi-rank run), else cpu; or cpu, cuda, cuda:N
     device: str = "auto"
     lr: float = number(2e-6, gt=0)
     # linear warm-up over this share of the steps, then constant (Kevin: 0.03)
@@ -226,18 +226,87 @@ class TrainerConfig:
     minibatches: int = number(2, ge=1)
     # passes over the batch
     epochs: int = number(1, ge=1)
-    # sequences per forward/backward
+    # sequences per forward/backward (backend=torch)
     micro_batch_size: int = number(4, ge=1)
+    # tokens per forward/backward, padding included (backend=deepspeed; a longer sequence runs alone)
+    micro_batch_tokens: int = number(16384, ge=1)
+    # response positions whose logits are computed at once (the vocabulary's fp32 logits of this many tokens)
+    logprob_chunk_tokens: int = number(4096, ge=1)
     checkpoint_every: int = number(1, ge=1)
     # checkpoints kept: the newest keep_checkpoints, plus those whose step is a multiple of keep_every (0: none)
     # and any folder holding a file named `keep` (kevin_exp/trainer/checkpoint.py)
     keep_checkpoints: int = number(1, ge=1)
     keep_every: int = number(0, ge=0)
+    # backend=deepspeed only (docs/deepspeed.md): ZeRO stage, offloads, bf16, activation checkpointing
+    zero_stage: int = number(3, ge=2, le=3)
+    offload_optimizer: str = choice("none", ("none", "cpu"))
+    # stage 3 only
+    offload_params: str = choice("none", ("none", "cpu"))
+    bf16: bool = False
+    activation_checkpointing: bool = False
+    # a DeepSpeed JSON file merged on top of the generated config (the merged one is saved as deepspeed_config.json)
+    deepspeed_config: Optional[str] = None
+    # bounds every collective: a rank waits this long for another's generation and kernel evaluation
+    dist_timeout_s: float = number(3600.0, gt=0)
 
     def extra_checks(self, prefix: str) -> list[str]:
+        problems = []
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
-            return [f"{prefix}device={self.device!r}: expected auto, cpu, cuda or cuda:N"]
-        return []
+            problems.append(f"{prefix}device={self.device!r}: expected auto, cpu, cuda or cuda:N")
+        if self.backend == "torch":
+            default = TrainerConfig()
+            for name in DEEPSPEED_ONLY:
+                if getattr(self, name) != getattr(default, name):
+                    problems.append(f"{prefix}{name}={getattr(self, name)}: a DeepSpeed setting, but trainer.backend=torch; "
+                                    "use trainer=deepspeed or leave it out")
+            return problems
+        if not _deepspeed_installed():
+            problems.append(f"{prefix}backend=deepspeed: DeepSpeed is not installed; pip install -e '.[deepspeed]' "
+                            "(or pip install deepspeed==0.19.8)")
+        if self.offload_params != "none" and self.zero_stage != 3:
+            problems.append(f"{prefix}offload_params={self.offload_params}: parameter offload needs "
+                            f"{prefix}zero_stage=3 (it is {self.zero_stage})")
+        if self.deepspeed_config is not None:
+            path = Path(self.deepspeed_config).expanduser()
+            if not path.is_file():
+                problems.append(f"{prefix}deepspeed_config={self.deepspeed_config}: no such file; give a DeepSpeed JSON "
+                                "file or leave it null")
+            else:
+                import json
+
+                try:
+                    if not isinstance(json.loads(path.read_text()), dict):
+                        problems.append(f"{prefix}deepspeed_config={self.deepspeed_config}: expected a JSON object")
+                except ValueError as e:
+                    problems.append(f"{prefix}deepspeed_config={self.deepspeed_config}: not valid JSON ({e})")
+        return problems
+
+
+def _deepspeed_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("deepspeed") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# TrainerConfig fields that only backend=deepspeed reads
+DEEPSPEED_ONLY = ("micro_batch_tokens", "zero_stage", "offload_optimizer", "offload_params", "bf16",
+                  "activation_checkpointing", "deepspeed_config")
+
+
+def world_size_problems(cfg: "TrainConfig", world_size: int) -> list[str]:
+    """What a run of ``world_size`` ranks cannot do with these settings (each rank rolls out whole tasks)."""
+    problems = []
+    if world_size > 1 and cfg.trainer.backend != "deepspeed":
+        problems.append(f"trainer.backend={cfg.trainer.backend}: a run of {world_size} ranks trains with "
+                        "trainer=deepspeed")
+    if cfg.tasks_per_step % world_size:
+        problems.append(f"tasks_per_step={cfg.tasks_per_step}: each of the {world_size} ranks rolls out whole tasks, so "
+                        f"it must be a multiple of the world size (e.g. tasks_per_step="
+                        f"{world_size * max(1, cfg.tasks_per_step // world_size)})")
+    return problems
 
 
 @dataclass
@@ -336,6 +405,12 @@ class TrainConfig:
             if getattr(self, knob) != getattr(self.algorithm, knob):
                 problems.append(f"{knob}={getattr(self, knob)} and algorithm.{knob}={getattr(self.algorithm, knob)} "
                                 "disagree: set one of them")
+        if self.trainer.backend == "deepspeed" and self.algorithm.kl_coef > 0:
+            problems.append(f"algorithm.kl_coef={self.algorithm.kl_coef}: the KL term's reference policy is not built for "
+                            "trainer=deepspeed; use algorithm.kl_coef=0 or trainer=torch")
+        from kevin_exp.distributed import context_from_env
+
+        problems += world_size_problems(self, context_from_env().world_size)
         return problems
 
 

@@ -11,6 +11,10 @@ import numpy as np
 from kevin_exp.config import TrainConfig
 from kevin_exp.rollout.loop import RolloutTimes, TurnSample
 
+# measured, so they differ between two runs of the same settings (a comparison of runs leaves them out)
+MEASURED_COLUMNS = ("generate_s", "evaluate_s", "evaluate_wait_s", "train_s", "step_s", "gpu_mem_peak_gb",
+                    "host_rss_peak_gb", "train_tokens_per_s", "mfu")
+
 SETTING_COLUMNS = ("gamma", "n_turns", "n_trajectories", "tasks_per_step", "normalization", "aggregation",
                    "estimator", "model", "seed", "experiment", "sweep_name")
 
@@ -74,3 +78,14 @@ def metrics_row(run_id: str, step: int, samples: list[TurnSample], stats: Mappin
     for k, v in enumerate(per_turn):
         row[f"correct_turn_{k + 1}"] = v
     return row
+
+
+def scale_columns(world_size: int, train_tokens: float, train_s: float, gpu_mem_peak_gb: float, host_rss_peak_gb: float,
+                  mfu: float | None) -> dict[str, Any]:
+    """The step's scale and throughput (``metrics.jsonl``): ranks, peak GPU memory and host RSS (the max over
+    ranks; GPU 0 on a CPU), the tokens the learner trained on (prompt + response of the samples run, times the
+    epochs, all ranks) and their rate over the training phase, and the MFU estimate (null on a CPU or an
+    unknown GPU; kevin_exp/trainer/throughput.py)."""
+    return {"world_size": world_size, "gpu_mem_peak_gb": gpu_mem_peak_gb, "host_rss_peak_gb": host_rss_peak_gb,
+            "train_tokens": int(train_tokens), "train_tokens_per_s": train_tokens / train_s if train_s > 0 else None,
+            "mfu": mfu}

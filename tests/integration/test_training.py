@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from kevin_exp.records import TURN_FIELDS, read_jsonl
+from kevin_exp.rows import MEASURED_COLUMNS
 from kevin_exp.trainer.loop import TrainingRun
 from tests.helpers import ScriptedGenerator, compose_train
 
 REPO = Path(__file__).resolve().parents[2]
-TIMING_KEYS = {"generate_s", "evaluate_s", "evaluate_wait_s", "train_s", "step_s"}
+TIMING_KEYS = set(MEASURED_COLUMNS)
 
 SYNTHETIC = ["model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=none"]
 

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from kevin_exp.records import read_jsonl
+from kevin_exp.rows import MEASURED_COLUMNS
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
-TIMING_KEYS = {"generate_s", "evaluate_s", "evaluate_wait_s", "train_s", "step_s", "run_id"}
+TIMING_KEYS = {*MEASURED_COLUMNS, "run_id"}
 # what the launcher prints per submitted job (hydra_plugins/kevin_exp_launcher/checked_slurm.py)
 JOB_LINE = re.compile(r"job (?P<id>\S+) \[(?P<overrides>.*)\] run: (?P<run>.+) logs: (?P<logs>.+)/")
 

@@ -11,6 +11,17 @@ Steps are 1-based: ``step_000007`` holds the weights after step 7, and a resumed
 
 Nothing is pickled, so loading a checkpoint runs no code from it.
 
+A ``trainer=deepspeed`` run writes the same folder with DeepSpeed's sharded state in place of
+``trainer.safetensors`` (``save_sharded``/``load_sharded``; docs/deepspeed.md):
+
+- ``zero/``: ``engine.save_checkpoint`` (every rank's optimizer and parameter partitions, the scheduler);
+  these files are DeepSpeed's own (pickled) format, read only by ``load_sharded``.
+- ``rng_rank{r}.safetensors`` + ``rng_rank{r}.json``: each rank's RNG states.
+- ``policy.safetensors``: the consolidated model (rank 0 writes the generator's whole copy), so evaluation
+  and ``load_policy_weights`` read it as any other checkpoint.
+- ``state.json``: also ``world_size``. Resuming with another number of ranks converts ``zero/`` once into
+  DeepSpeed's universal checkpoint (``universal/``, ``deepspeed.checkpoint.ds_to_universal``) and loads that.
+
 A checkpoint is written into ``.step_000007.tmp`` and renamed into place, so every ``step_*`` folder is
 complete; a run killed mid-save resumes from the previous one, and the next save removes the leftover. The
 ``checkpoints/latest`` file names the newest one, for people and scripts (resume reads the folders).
@@ -21,6 +32,7 @@ whose step is a multiple of ``trainer.keep_every`` (0: none), and any folder hol
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -35,11 +47,14 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from kevin_exp.errors import UserError
 from kevin_exp.records import fsync_path
+from kevin_exp.trainer import collectives
 
 POLICY_FILE = "policy.safetensors"
 TRAINER_FILE = "trainer.safetensors"
 STATE_FILE = "state.json"
 KEEP_FILE = "keep"
+ZERO_TAG = "zero"
+UNIVERSAL_DIR = "universal"
 # the layout written before safetensors (policy.pt, optimizer.pt, rng.pt; 0-based step numbers)
 LEGACY_POLICY_FILE = "policy.pt"
 _STEP_DIR = re.compile(r"step_(\d+)")
@@ -107,6 +122,61 @@ class Checkpointer:
         _set_rng_state(tensors, state.pop("rng"))
         return state
 
+    # ------------------------------------------------------------------ DeepSpeed (every rank calls these)
+    def save_sharded(self, step: int, learner: Any, extra: dict[str, Any] | None = None) -> Path:
+        """The DeepSpeed learner's checkpoint of the step just finished (a collective: every rank calls it)."""
+        name = f"step_{step:06d}"
+        final, tmp = self.root / name, self.root / f".{name}.tmp"
+        rank, main = collectives.rank(), collectives.rank() == 0
+        if main:
+            for leftover in self.root.glob(".step_*.tmp"):
+                shutil.rmtree(leftover, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        collectives.barrier()
+        learner.engine.save_checkpoint(str(tmp), tag=ZERO_TAG, save_latest=False)
+        rng_tensors, rng_state = _rng_state()
+        save_file(rng_tensors, str(tmp / f"rng_rank{rank}.safetensors"))
+        (tmp / f"rng_rank{rank}.json").write_text(json.dumps(rng_state))
+        collectives.barrier()
+        if main:
+            save_model(learner.model, str(tmp / POLICY_FILE))
+            state = {**(extra or {}), "step": step, "world_size": collectives.world_size(), "backend": "deepspeed"}
+            (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+            for path in [*tmp.rglob("*"), tmp]:
+                fsync_path(path)
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            fsync_path(self.root)
+            pointer = self.root / "latest.tmp"
+            pointer.write_text(name)
+            os.replace(pointer, self.root / "latest")
+            self._prune(final)
+        collectives.barrier()
+        return final
+
+    def load_sharded(self, path: Path, learner: Any) -> dict[str, Any]:
+        """Restores what ``save_sharded`` wrote (a collective); another world size loads the universal form."""
+        path = Path(path)
+        state = json.loads((path / STATE_FILE).read_text())
+        if "world_size" not in state:
+            raise UserError(f"{path}: written by trainer.backend=torch; resume it with trainer=torch (or start the "
+                            "run in a new run_dir)")
+        saved_world, world = state.pop("world_size"), collectives.world_size()
+        state.pop("backend", None)
+        if saved_world == world:
+            learner.engine.load_checkpoint(str(path), tag=ZERO_TAG)
+        else:
+            if collectives.rank() == 0:
+                universal_checkpoint(path)
+            collectives.barrier()
+            learner.engine.load_checkpoint(str(path / UNIVERSAL_DIR), tag=ZERO_TAG)
+        learner.sync_generator_weights()
+        rank_file = path / f"rng_rank{collectives.rank()}.json"
+        if rank_file.is_file():  # a rank that did not exist when it was saved keeps its own RNG state
+            _set_rng_state(load_file(str(path / f"rng_rank{collectives.rank()}.safetensors")), json.loads(rank_file.read_text()))
+        return state
+
     def _prune(self, newest: Path) -> None:
         complete = [(step, path) for step, path in _step_dirs(self.root) if _is_complete(path)]
         recent = {path for _, path in complete[-self.keep:]}
@@ -154,6 +224,30 @@ def load_policy_weights(checkpoint_dir: Path, model: torch.nn.Module, model_name
         which = f"model={model_name}" if model_name else "this model"
         raise UserError(f"{checkpoint_dir}: its weights do not fit {which} ({detail}); use the model it was "
                         "trained with") from None
+
+
+def saved_world_size(checkpoint_dir: Path) -> int | None:
+    """The number of ranks a DeepSpeed checkpoint was written by (None: a torch learner's checkpoint)."""
+    return json.loads((Path(checkpoint_dir) / STATE_FILE).read_text()).get("world_size")
+
+
+def universal_checkpoint(checkpoint_dir: Path) -> Path:
+    """``checkpoint_dir/universal``: the world-size-free form of its ``zero/`` shards (made once, atomically).
+    The same as ``python -m deepspeed.checkpoint.ds_to_universal --input_folder step_N/zero --output_folder
+    step_N/universal/zero``."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    out = Path(checkpoint_dir) / UNIVERSAL_DIR
+    if out.is_dir():
+        return out
+    tmp = Path(checkpoint_dir) / f".{UNIVERSAL_DIR}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    args = argparse.Namespace(input_folder=str(Path(checkpoint_dir) / ZERO_TAG), output_folder=str(tmp / ZERO_TAG),
+                              num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
+                              inject_missing_state=False)
+    ds_to_universal.main(args)
+    os.rename(tmp, out)
+    return out
 
 
 def checkpoint_step(checkpoint_dir: Path) -> int:

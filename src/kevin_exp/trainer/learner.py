@@ -71,10 +71,18 @@ class Learner(Protocol):
         ...
 
 
-def build_learner(cfg: TrainConfig, model: torch.nn.Module, pad_id: int, device: torch.device) -> Learner:
+def build_learner(cfg: TrainConfig, model: torch.nn.Module, pad_id: int, device: torch.device,
+                  load_universal: bool = False) -> Learner:
+    """``load_universal``: the checkpoint to resume from was written by another number of ranks (deepspeed)."""
     if cfg.trainer.backend == "torch":
         return TorchLearner(model, pad_id, cfg.trainer, cfg.algorithm, cfg.rollout.max_new_tokens, cfg.steps, device,
                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+    if cfg.trainer.backend == "deepspeed":
+        from kevin_exp.trainer.deepspeed_learner import DeepSpeedLearner
+
+        return DeepSpeedLearner(model, pad_id, cfg.trainer, cfg.algorithm, cfg.rollout.max_new_tokens, cfg.steps, device,
+                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, run_dir=cfg.run_dir,
+                                load_universal=load_universal)
     raise ValueError(f"trainer.backend={cfg.trainer.backend!r} has no learner")  # refused at composition already
 
 
@@ -100,7 +108,8 @@ class TorchLearner:
             for i in range(0, len(samples), self.cfg.micro_batch_size):
                 micro = samples[i : i + self.cfg.micro_batch_size]
                 batch = pack([s.prompt_ids for s in micro], [s.response_ids for s in micro], self.pad_id, self.device)
-                logp, _ = response_logprobs(model, batch, temperature=self.temperature, top_p=self.top_p)
+                logp, _ = response_logprobs(model, batch, temperature=self.temperature, top_p=self.top_p,
+                                             chunk_tokens=self.cfg.logprob_chunk_tokens)
                 out.extend(row[batch.mask[k].bool()].cpu() for k, row in enumerate(logp))
         return out
 
@@ -159,7 +168,7 @@ class TorchLearner:
             micro = run[start : start + self.cfg.micro_batch_size]
             batch = pack([samples[i].prompt_ids for i in micro], [samples[i].response_ids for i in micro], self.pad_id, self.device)
             logp, entropy = response_logprobs(self.model, batch, with_entropy=True, temperature=self.temperature,
-                                              top_p=self.top_p)
+                                              top_p=self.top_p, chunk_tokens=self.cfg.logprob_chunk_tokens)
             mask = batch.mask
             old_lp = _scatter(old, micro, mask)
             ref_lp = _scatter(ref, micro, mask) if ref is not None else None

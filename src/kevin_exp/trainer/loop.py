@@ -13,6 +13,12 @@ Where this loop departs from the paper (arXiv 2507.11948), and why:
 - Each step's tasks are a seeded sample of the pool (the paper does not state its batching order), so a
   resumed run draws the same tasks.
 - The lr warm-up counts gradient steps (ratio 0.03 of all of them); the paper states the ratio only.
+
+A run of N ranks (``trainer=deepspeed``, one process per GPU, docs/deepspeed.md) splits each step's tasks into N
+contiguous shares; every rank rolls out, evaluates (on its own GPU) and credits its share (a task's whole group
+sits on one rank, so group advantages need no communication), then all ranks train together. Rank 0 gathers
+the samples and writes every row once, in rank order (for one rank: the order of a single process), and the
+step's metrics, reduced over ranks.
 """
 from __future__ import annotations
 
@@ -21,17 +27,20 @@ import random
 import time
 from typing import Any
 
-from kevin_exp.config import AlgorithmConfig, TrainConfig
+from kevin_exp.config import AlgorithmConfig, TrainConfig, world_size_problems
+from kevin_exp.distributed import context_from_env
 from kevin_exp.errors import UserError
 from kevin_exp.progress import Progress
 from kevin_exp.rl.credit import turn_credit
-from kevin_exp.rollout.loop import RolloutSettings, TurnSample, run_rollout
-from kevin_exp.rows import metrics_row, training_settings, turn_row
+from kevin_exp.rollout.loop import RolloutSettings, RolloutTimes, TurnSample, run_rollout
+from kevin_exp.rows import metrics_row, scale_columns, training_settings, turn_row
 from kevin_exp.run_parts import RunFolder, build_logger, build_policy_parts
 from kevin_exp.tasks import Problem
-from kevin_exp.trainer.checkpoint import Checkpointer
+from kevin_exp.trainer import collectives
+from kevin_exp.trainer.checkpoint import Checkpointer, saved_world_size
 from kevin_exp.trainer.learner import LearnerSample, TrainBatch, build_learner
 from kevin_exp.trainer.signals import signals_held
+from kevin_exp.trainer.throughput import device_peak_flops, gpu_peak_gb, host_rss_peak_gb, mfu, reset_gpu_peak
 from kevin_exp.transcripts import transcript_rows
 
 log = logging.getLogger(__name__)
@@ -56,6 +65,13 @@ def assign_credit(samples: list[TurnSample], algo: AlgorithmConfig) -> None:
         s.ret, s.advantage = r, a
 
 
+def rank_share(tasks: list[Problem], rank: int, world_size: int) -> list[Problem]:
+    """Rank ``rank``'s contiguous share of the step's tasks (the first ranks take one more when uneven)."""
+    base, extra = divmod(len(tasks), world_size)
+    start = rank * base + min(rank, extra)
+    return tasks[start : start + base + (rank < extra)]
+
+
 def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 65_537) % (2**31 - 1)
 
@@ -77,6 +93,10 @@ class TrainingRun:
         self.run_dir, self.run_id, self.records = self.folder.path, self.folder.run_id, self.folder.records
         self.checkpointer = Checkpointer(self.run_dir, cfg.trainer.keep_checkpoints, cfg.trainer.keep_every)
         self.settings = training_settings(cfg)
+        self.ctx = context_from_env()
+        problems = world_size_problems(cfg, self.ctx.world_size)
+        if problems:
+            raise UserError("; ".join(problems))
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -88,54 +108,77 @@ class TrainingRun:
         self.parts = build_policy_parts(cfg)
         self.policy, self.env, self.generator = self.parts.policy, self.parts.env, self.parts.generator
         self.pool, self.device = self.parts.pool, self.parts.device
-        self.learner = build_learner(cfg, self.policy.model, self.policy.tokenizer.pad_token_id, self.parts.device)
+        sharded = cfg.trainer.backend == "deepspeed"
+        universal = sharded and latest is not None and saved_world_size(latest) not in (None, self.ctx.world_size)
+        self.learner = build_learner(cfg, self.policy.model, self.policy.tokenizer.pad_token_id, self.parts.device,
+                                     load_universal=universal)
+        self.n_params = sum(p.numel() for p in self.learner.model.parameters())
+        self.peak_flops = device_peak_flops(self.device)
         self.start_step = 1
         if latest is not None:
-            state = self.checkpointer.load(latest, self.learner.model, self.learner.optimizer, self.learner.scheduler)
+            if sharded:
+                state = self.checkpointer.load_sharded(latest, self.learner)
+            else:
+                state = self.checkpointer.load(latest, self.learner.model, self.learner.optimizer, self.learner.scheduler)
             self.start_step = state["step"] + 1
             log.info("resuming %s from %s (%d steps done)", self.run_dir, latest.name, state["step"])
-        dropped = self.records.resume_at(self.start_step - 1)
-        if dropped:
-            log.info("dropped %d rows written after the last checkpoint; their steps run again", dropped)
-        self.folder.transcripts.resume_at(self.start_step - 1)
-        self.folder.open(cfg, self.start_step)
-        self.metric_logger = build_logger(cfg, self.folder, self.sweep)
+        if self.ctx.is_main:
+            dropped = self.records.resume_at(self.start_step - 1)
+            if dropped:
+                log.info("dropped %d rows written after the last checkpoint; their steps run again", dropped)
+            self.folder.transcripts.resume_at(self.start_step - 1)
+            self.folder.open(cfg, self.start_step)
+            self.metric_logger = build_logger(cfg, self.folder, self.sweep)
+        collectives.barrier()
+
+    def save_checkpoint(self, step: int) -> None:
+        extra = {"run_id": self.run_id}
+        with signals_held():
+            if self.cfg.trainer.backend == "deepspeed":
+                self.checkpointer.save_sharded(step, self.learner, extra)
+            elif self.ctx.is_main:
+                self.checkpointer.save(step, self.learner.model, self.learner.optimizer, self.learner.scheduler, extra)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         groups = 2 if cfg.rollout.overlap and cfg.tasks_per_step >= 2 else 1
-        progress = Progress(cfg.logger.progress, cfg.steps, self.start_step - 1, cfg.n_turns * groups)
+        progress = Progress(cfg.logger.progress if self.ctx.is_main else "none", cfg.steps, self.start_step - 1, cfg.n_turns * groups)
         history = []
+        main = self.ctx.is_main
         try:
             for step in range(self.start_step, cfg.steps + 1):
                 metrics = self.train_step(step, progress)
                 history.append(metrics)
-                progress.step(metrics)
-                self.metric_logger.log(metrics)
+                if main:
+                    progress.step(metrics)
+                    self.metric_logger.log(metrics)
                 if step % cfg.trainer.checkpoint_every == 0 or step == cfg.steps:
-                    with signals_held():
-                        self.checkpointer.save(step, self.learner.model, self.learner.optimizer, self.learner.scheduler,
-                                               {"run_id": self.run_id})
+                    self.save_checkpoint(step)
         finally:
             progress.close()
-            self.metric_logger.close()
-            self.folder.close()
+            if main:
+                self.metric_logger.close()
+                self.folder.close()
             self.env.close()
         return history
 
     def train_step(self, step: int, progress: Progress) -> dict[str, Any]:
-        cfg, parts = self.cfg, self.parts
+        cfg, parts, ctx = self.cfg, self.parts, self.ctx
         t_step = time.perf_counter()
-        tasks = pick_tasks(parts.pool, cfg.tasks_per_step, cfg.seed, step)
+        tasks = rank_share(pick_tasks(parts.pool, cfg.tasks_per_step, cfg.seed, step), ctx.rank, ctx.world_size)
         samples, times = run_rollout(tasks, self.generator, self.env, parts.encode_prompt, parts.count_tokens,
                                      rollout_settings(cfg, cfg.n_trajectories, cfg.n_turns, cfg.rollout.overlap),
-                                     seed=step_seed(cfg.seed, step),
-                                     on_turn=lambda turn, group, s: progress.turn(step, turn, group, s))
+                                     seed=step_seed(cfg.seed, step) + ctx.rank,
+                                     on_turn=lambda turn, group, s: progress.turn(step, turn, group, s) if ctx.is_main else None)
         assign_credit(samples, cfg.algorithm)
-        self.records.append_turns([turn_row(self.run_id, "train", step, s, self.settings, cfg.model.usual_opening,
-                                            self.env.backend) for s in samples])
-        self.folder.transcripts.append(step, transcript_rows("train", step, samples))
+        every = collectives.gather_to_main(samples)
+        all_samples = [s for share in every for s in share] if every is not None else []
+        if ctx.is_main:
+            self.records.append_turns([turn_row(self.run_id, "train", step, s, self.settings, cfg.model.usual_opening,
+                                                self.env.backend) for s in all_samples])
+            self.folder.transcripts.append(step, transcript_rows("train", step, all_samples))
+        reset_gpu_peak(self.device)
         t_train = time.perf_counter()
         self.generator.sleep()
         stats = self.learner.train_step(TrainBatch(
@@ -144,7 +187,18 @@ class TrainingRun:
         self.generator.update_weights(self.learner.model.named_parameters())
         self.generator.wake()
         train_s = time.perf_counter() - t_train
-        metrics = metrics_row(self.run_id, step, samples, stats, times, train_s, time.perf_counter() - t_step,
-                              self.settings, cfg.model.usual_opening)
-        self.records.append_metrics(metrics)
-        return metrics
+        trained = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples
+                      if s.response_ids and (s.advantage != 0.0 or cfg.algorithm.kl_coef > 0)) * cfg.trainer.epochs
+        trained_tokens = collectives.reduce_values([trained], "sum")[0]
+        gen_s, eval_s, wait_s, train_s, gpu_gb, rss_gb = collectives.reduce_values(
+            [times.generate_s, times.evaluate_s, times.evaluate_wait_s, train_s, gpu_peak_gb(self.device),
+             host_rss_peak_gb()], "max")
+        step_s = collectives.reduce_values([time.perf_counter() - t_step], "max")[0]
+        metrics: dict[str, Any] = {}
+        if ctx.is_main:
+            metrics = metrics_row(self.run_id, step, all_samples, stats, RolloutTimes(gen_s, eval_s, wait_s), train_s,
+                                  step_s, self.settings, cfg.model.usual_opening)
+            metrics.update(scale_columns(ctx.world_size, trained_tokens, train_s, gpu_gb, rss_gb,
+                                         mfu(self.n_params, trained_tokens, train_s, self.peak_flops, ctx.world_size)))
+            self.records.append_metrics(metrics)
+        return collectives.broadcast_object(metrics)

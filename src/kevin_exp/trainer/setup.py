@@ -1,12 +1,16 @@
 """Building the run's components from its config, with errors that name the key and the fix."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from kevin_exp.config import TasksConfig, TrainConfig
+from kevin_exp.distributed import context_from_env
 from kevin_exp.errors import UserError
 from kevin_exp.tasks import Problem, load_builtin, load_kernelbench, select
 from kevin_exp.tasks.splits import apply_split
@@ -14,11 +18,35 @@ from kevin_exp.threads import thread_count
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto`` and ``cuda`` are this rank's GPU in a multi-rank run (``cuda:LOCAL_RANK``)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"trainer.device={name}: no CUDA GPU is visible here; use trainer.device=auto or cpu")
+    ctx = context_from_env()
+    if name == "cuda" and ctx.distributed:
+        return torch.device("cuda", ctx.local_rank)
     return torch.device(name)
+
+
+@contextlib.contextmanager
+def rank_gpu_visible() -> Iterator[None]:
+    """While the evaluator is built: only this rank's GPU is visible to it (it gives its run slots the visible
+    GPUs), so rank r times its kernels on GPU r alone. This process's own CUDA context is not affected."""
+    ctx = context_from_env()
+    if not ctx.distributed or not torch.cuda.is_available():
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [d.strip() for d in before.split(",") if d.strip()] if before else [str(i) for i in range(torch.cuda.device_count())]
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible[ctx.local_rank % len(visible)]
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 class TaskPoolError(UserError):
@@ -63,6 +91,9 @@ def build_environment(cfg: TrainConfig, vocab_size: int):
         raise ValueError(f"rollout.env={cfg.rollout.env!r}: expected kernel or synthetic")
     from kevin_exp.bench.evaluator import Evaluator
 
-    evaluator = Evaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=thread_count(cfg.resources)))
+    # the ranks of a node share its cores
+    cpus = max(1, thread_count(cfg.resources) // context_from_env().local_world_size)
+    with rank_gpu_visible():
+        evaluator = Evaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=cpus))
     weights = ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight)
     return KernelEnv(evaluator, weights)
