@@ -17,23 +17,17 @@ Every rank then joins the process group (``join_run``: gloo on CPU, nccl on GPU)
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import socket
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from kevin_exp.config import TrainConfig, TrainerConfig
+from kevin_exp.config import TrainConfig, world_size_problems
 from kevin_exp.distributed import DistContext, context_from_env, init_process_group
 from kevin_exp.errors import UserError
-
-# trainers that spread one run over its ranks (each rank trains its share, rank 0 writes the records)
-RANK_TRAINERS = ("deepspeed",)
-# set in a rank started by spawn_local_ranks, for its records
-SPAWNED_BY = "KEVIN_EXP_RANKS_FROM"
 
 _joined: list[dict[str, Any]] = []
 
@@ -88,28 +82,13 @@ def spawn_local_ranks(cfg: TrainConfig, overrides: list[str], run_dir: str, modu
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2)
     args = ["-m", module, *overrides, f"hydra.run.dir={run_dir}"]
     print(f"starting {n} ranks: {' '.join(overrides) or 'no overrides'} -> {run_dir}", flush=True)
-    with _environ(**{SPAWNED_BY: socket.gethostname()}):
-        try:
-            elastic_launch(config, entrypoint=sys.executable)(*args)
-        except ChildFailedError as e:
-            rank, failure = e.get_first_failure()
-            print(f"rank {rank} of {n} failed (exit status {failure.exitcode}); the other ranks were stopped",
-                  file=sys.stderr, flush=True)
-            raise SystemExit(failure.exitcode if failure.exitcode > 0 else 1) from None
-
-
-@contextlib.contextmanager
-def _environ(**values: str) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
     try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        elastic_launch(config, entrypoint=sys.executable)(*args)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        print(f"rank {rank} of {n} failed (exit status {failure.exitcode}); the other ranks were stopped",
+              file=sys.stderr, flush=True)
+        raise SystemExit(failure.exitcode if failure.exitcode > 0 else 1) from None
 
 
 def as_launched(cfg: TrainConfig, ctx: DistContext) -> TrainConfig:
@@ -175,43 +154,14 @@ def leave_run() -> None:
     _joined.clear()
 
 
-def trainer_spans_ranks(cfg: TrainConfig) -> bool:
-    return cfg.trainer.backend in RANK_TRAINERS
-
-
-def _rank_trainer_available() -> bool:
-    field = {f.name: f for f in dataclasses.fields(TrainerConfig)}["backend"]
-    return any(t in field.metadata.get("options", ()) for t in RANK_TRAINERS)
-
-
 def check_trainer_for_ranks(cfg: TrainConfig) -> None:
-    """A run of several ranks needs a trainer that spreads over them."""
-    if cfg.resources.world_size > 1 and not trainer_spans_ranks(cfg) and _rank_trainer_available():
-        raise LaunchError(
-            f"trainer.backend={cfg.trainer.backend} trains in one process, but resources ask for "
-            f"{cfg.resources.world_size} ranks ({cfg.resources.nodes} node(s) x resources.ranks_per_node="
-            f"{cfg.resources.ranks_per_node}): use trainer=deepspeed, or resources.ranks_per_node=1")
-
-
-def trains_on_this_rank(cfg: TrainConfig, ctx: DistContext) -> bool:
-    """Whether this rank runs the training loop. A trainer that spans ranks runs it on every rank; without
-    one (until trainer=deepspeed exists) only rank 0 trains and the other ranks leave once they joined."""
-    return trainer_spans_ranks(cfg) or ctx.is_main
-
-
-@contextlib.contextmanager
-def rank_gpu_visible(ctx: DistContext | None = None) -> Iterator[str | None]:
-    """While the evaluator is built, CUDA_VISIBLE_DEVICES names only this rank's GPU, so its run slots (and
-    the sandboxed workers they start) use that GPU and the node's GPUs are shared one rank each. A run of
-    one rank per node keeps every visible GPU."""
-    ctx = ctx or context_from_env()
-    if ctx.local_world_size <= 1:
-        yield None
-        return
-    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    mine = visible[ctx.local_rank] if ctx.local_rank < len(visible) else str(ctx.local_rank)
-    with _environ(CUDA_VISIBLE_DEVICES=mine):
-        yield mine
+    """What the ranks the resources ask for cannot run with these settings (a trainer that spreads over ranks,
+    whole tasks per rank), refused before any rank is started."""
+    problems = world_size_problems(cfg, cfg.resources.world_size)
+    if problems:
+        raise LaunchError(f"resources ask for {cfg.resources.world_size} ranks ({cfg.resources.nodes} node(s) x "
+                          f"resources.ranks_per_node={cfg.resources.ranks_per_node}): " + "; ".join(problems)
+                          + " (or resources.ranks_per_node=1)")
 
 
 def final_reward(run_dir: str | Path) -> float:

@@ -131,15 +131,23 @@ def layout_of(cfg: TrainConfig) -> MemoryLayout:
     if m.dtype not in BYTES:
         raise ResourceError(f"model.dtype={m.dtype!r}: expected one of {', '.join(BYTES)}")
     sequence = ro.max_prompt_tokens + ro.max_new_tokens
-    micro_tokens = int(_trainer(cfg, "micro_batch_tokens", 0)) or cfg.trainer.micro_batch_size * sequence
-    response_tokens = min(micro_tokens, cfg.trainer.micro_batch_size * ro.max_new_tokens)
+    sharded = cfg.trainer.backend in SHARDING_TRAINERS
+    if sharded:
+        # a micro-batch of trainer.micro_batch_tokens (a longer sequence runs alone)
+        micro_tokens = max(int(_trainer(cfg, "micro_batch_tokens", sequence)), sequence)
+        response_tokens = micro_tokens
+    else:
+        micro_tokens = cfg.trainer.micro_batch_size * sequence
+        response_tokens = cfg.trainer.micro_batch_size * ro.max_new_tokens
     chunk = int(_trainer(cfg, "logprob_chunk_tokens", 0))
     return MemoryLayout(
         model=m.name, params_b=m.params_b, layers=m.layers, hidden=m.hidden_size, intermediate=m.intermediate_size,
         vocab=m.vocab_size, kv_dim=m.kv_heads * m.head_dim, dtype=m.dtype, backend=cfg.trainer.backend,
         zero_stage=int(_trainer(cfg, "zero_stage", 3)), offload_optimizer=str(_trainer(cfg, "offload_optimizer", "none")),
-        offload_params=str(_trainer(cfg, "offload_params", "none")), bf16=bool(_trainer(cfg, "bf16", m.dtype == "bfloat16")),
-        activation_checkpointing=bool(_trainer(cfg, "activation_checkpointing", m.gradient_checkpointing)),
+        offload_params=str(_trainer(cfg, "offload_params", "none")),
+        bf16=bool(_trainer(cfg, "bf16", False)) if sharded else m.dtype == "bfloat16",
+        activation_checkpointing=bool(_trainer(cfg, "activation_checkpointing", False)) if sharded
+        else m.gradient_checkpointing,
         micro_batch_tokens=micro_tokens, logprob_tokens=min(chunk, response_tokens) if chunk else response_tokens,
         generation_batch=ro.generation_batch_size, sequence_tokens=sequence, reference=cfg.algorithm.kl_coef > 0,
         world_size=max(1, r.nodes * r.ranks_per_node), ranks_per_node=r.ranks_per_node, cpus_per_rank=r.cpus_per_task,

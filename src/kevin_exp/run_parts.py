@@ -15,7 +15,7 @@ import torch
 
 from kevin_exp.config import TrainConfig
 from kevin_exp.distributed import DistContext, context_from_env
-from kevin_exp.launch import joined_ranks, rank_gpu_visible
+from kevin_exp.launch import joined_ranks
 from kevin_exp.metric_logger import MetricLogger, RecordsOnly, build_metric_logger
 from kevin_exp.models import Policy, chat_prompt_ids, load_policy
 from kevin_exp.records import RunRecords, run_id_for
@@ -115,8 +115,7 @@ def build_policy_parts(cfg: TrainConfig, evaluation: bool = False) -> PolicyPart
     device = resolve_device(cfg.trainer.device)
     policy = load_policy(cfg.model, device)
     tok = policy.tokenizer
-    with rank_gpu_visible():  # a rank's kernels run on its own GPU
-        env = build_environment(cfg, vocab_size=len(tok))
+    env = build_environment(cfg, vocab_size=len(tok))
     n_trajectories = cfg.eval.n_trajectories if evaluation else cfg.n_trajectories
     return PolicyParts(
         pool=pool, device=device, policy=policy,

@@ -34,12 +34,8 @@ def run(cfg: DictConfig) -> float:
             # this job only starts the run's ranks on this machine and waits: each is this same job
             launch.spawn_local_ranks(job.cfg, hydra_overrides(), job.cfg.run_dir)
             return launch.final_reward(job.cfg.run_dir)
-        ctx = launch.join_run(job.cfg)
+        launch.join_run(job.cfg)
     try:
-        if not launch.trains_on_this_rank(job.cfg, ctx):
-            print(f"rank {ctx.rank}: trainer.backend={job.cfg.trainer.backend} trains on rank 0 only; this rank "
-                  "joined the run and leaves", flush=True)
-            return 0.0
         with user_errors():
             training = TrainingRun(job.cfg, sweep=job.sweep)
             training.setup()

@@ -7,19 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from kevin_exp.config import ResourcesConfig
-from kevin_exp.distributed import DistContext
-from kevin_exp.launch import rank_gpu_visible
 from kevin_exp.records import read_jsonl
 from kevin_exp.threads import local_ranks_sharing_cores, thread_count, usable_cores
 
 REPO = Path(__file__).resolve().parents[2]
-# the trainer that spreads a run over its ranks, where this checkout has it
-RANK_TRAINER = ["trainer=deepspeed"] if (REPO / "conf" / "trainer" / "deepspeed.yaml").is_file() else []
-# 1 step, 1 task x 2 trajectories x 2 turns through the real cpu evaluator
-SMOKE = ["experiment=cpu_smoke", "resources=cpu", "steps=1", "tasks_per_step=1", "rollout.max_new_tokens=16",
+# ZeRO-3 over the ranks, as DeepSpeed runs on CPU (fp32, no offload)
+RANK_TRAINER = ["trainer=deepspeed", "trainer.bf16=false", "trainer.offload_optimizer=none",
+                "trainer.activation_checkpointing=false", "trainer.dist_timeout_s=120"]
+# 1 step, 2 tasks (one per rank) x 2 trajectories x 2 turns through the real cpu evaluator
+SMOKE = ["experiment=cpu_smoke", "resources=cpu", "steps=1", "tasks_per_step=2", "rollout.max_new_tokens=16",
          "logger.progress=none", *RANK_TRAINER]
 
 
@@ -39,7 +36,7 @@ def _assert_one_run_of_two_ranks(run_dir: Path) -> dict:
     assert [r["local_rank"] for r in start["ranks"]] == [0, 1]
     turns = read_jsonl(run_dir / "turns.jsonl")
     keys = [(t["step"], t["task_id"], t["trajectory"], t["turn"]) for t in turns]
-    assert len(keys) == len(set(keys)) == 1 * 2 * 2  # every row once
+    assert len(keys) == len(set(keys)) == 2 * 2 * 2  # every row once, both ranks' tasks
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1]
     return start
 
@@ -83,6 +80,18 @@ def test_several_nodes_need_a_cluster_launch_and_evaluation_runs_in_one_process(
     assert ev.returncode == 2 and "runs in one process" in ev.stderr and "resources.ranks_per_node=1" in ev.stderr
 
 
+def test_ranks_need_a_trainer_that_spans_them_and_whole_tasks_each(tmp_path):
+    torch_trainer = _train("experiment=cpu_smoke", "resources=cpu", "resources.ranks_per_node=2", "tasks_per_step=2",
+                           f"hydra.run.dir={tmp_path}/a", timeout=300)
+    assert torch_trainer.returncode == 2 and "Traceback" not in torch_trainer.stderr
+    assert "trainer.backend=torch: a run of 2 ranks trains with trainer=deepspeed" in torch_trainer.stderr
+    uneven = _train(*SMOKE, "resources.ranks_per_node=2", "tasks_per_step=3", f"hydra.run.dir={tmp_path}/b", timeout=300)
+    assert uneven.returncode == 2 and "tasks_per_step=3" in uneven.stderr and "multiple of the world size" in uneven.stderr
+    # refused before any rank started
+    assert "starting 2 ranks" not in torch_trainer.stdout + uneven.stdout
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_more_ranks_than_gpus_is_refused():
     from kevin_exp.settings_checks import check_settings
 
@@ -100,18 +109,3 @@ def test_the_ranks_of_a_node_split_its_cores():
     # SLURM bound each task to its own cores: they are this rank's alone
     bound = {"LOCAL_WORLD_SIZE": "8", "SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_CPU_BIND_LIST": "0x3,0xC"}
     assert local_ranks_sharing_cores(bound) == 1 and thread_count(wide, env=bound) == cores
-
-
-@pytest.mark.parametrize("visible, local_rank, expected", [(None, 1, "1"), ("4,5,6,7", 2, "6"), ("0,1", 0, "0")])
-def test_a_rank_evaluates_on_its_own_gpu(monkeypatch, visible, local_rank, expected):
-    import os
-
-    if visible is None:
-        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    else:
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    with rank_gpu_visible(DistContext(rank=local_rank, world_size=4, local_rank=local_rank, local_world_size=4)) as mine:
-        assert mine == expected and os.environ["CUDA_VISIBLE_DEVICES"] == expected
-    assert os.environ.get("CUDA_VISIBLE_DEVICES") == visible
-    with rank_gpu_visible(DistContext()) as mine:  # one rank per node keeps every GPU
-        assert mine is None and os.environ.get("CUDA_VISIBLE_DEVICES") == visible
