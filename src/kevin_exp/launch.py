@@ -155,13 +155,15 @@ def leave_run() -> None:
 
 
 def check_trainer_for_ranks(cfg: TrainConfig) -> None:
-    """What the ranks the resources ask for cannot run with these settings (a trainer that spreads over ranks,
-    whole tasks per rank), refused before any rank is started."""
-    problems = world_size_problems(cfg, cfg.resources.world_size)
+    """What the run's ranks (the launcher's, or those the resources ask for) cannot run with these settings (a
+    trainer that spreads over ranks, whole tasks per rank), refused before any rank is started."""
+    r = cfg.resources
+    world = context_from_env().world_size if launched_ranks() else r.world_size
+    problems = world_size_problems(cfg, world)
     if problems:
-        raise LaunchError(f"resources ask for {cfg.resources.world_size} ranks ({cfg.resources.nodes} node(s) x "
-                          f"resources.ranks_per_node={cfg.resources.ranks_per_node}): " + "; ".join(problems)
-                          + " (or resources.ranks_per_node=1)")
+        asked = f"resources ask for {world} ranks ({r.nodes} node(s) x resources.ranks_per_node={r.ranks_per_node})"
+        raise LaunchError(("the launcher started " + f"{world} ranks" if launched_ranks() else asked) + ": "
+                          + "; ".join(problems))
 
 
 def final_reward(run_dir: str | Path) -> float:

@@ -69,7 +69,7 @@ def test_torchrun_ranks_are_joined_not_started_again(tmp_path):
 
 
 def test_several_nodes_need_a_cluster_launch_and_evaluation_runs_in_one_process(tmp_path):
-    proc = _train(*SMOKE, "resources.nodes=2", "resources.ranks_per_node=2", f"hydra.run.dir={tmp_path}/run",
+    proc = _train(*SMOKE, "resources.nodes=2", "resources.ranks_per_node=2", "tasks_per_step=4", f"hydra.run.dir={tmp_path}/run",
                   timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "resources.nodes=2" in proc.stderr and "cluster=<SLURM profile>" in proc.stderr
