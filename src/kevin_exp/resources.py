@@ -417,6 +417,10 @@ def main(argv: list[str] | None = None) -> None:
         budget = r.gpu_memory_gb * r.max_memory_fraction
         if est.per_gpu_gb > budget:
             print("fits with: " + ("; or ".join(fixes_for(x, budget)) or "none of the changes tried"))
+        from kevin_exp.config import world_size_problems
+
+        for problem in world_size_problems(cfg, x.world_size):
+            print(f"also needed on {x.world_size} ranks: {problem}")
 
 
 if __name__ == "__main__":

@@ -35,13 +35,13 @@ QWQ = MemoryLayout(model="32b", params_b=32.8, layers=64, hidden=5120, intermedi
 
 
 def test_single_process_trainer_counts_weights_gradients_adam_states_and_kv_cache():
-    est = estimate_memory(compose_train(["experiment=kevin_32b", KB]))
+    est = estimate_memory(compose_train(["experiment=kevin_32b", KB, "trainer=torch"]))
     assert est.weights_gb == pytest.approx(32.8 * 2)  # bf16
     assert est.gradients_gb == est.weights_gb and est.optimizer_gb == 2 * est.weights_gb
     assert est.reference_gb == 0.0 and est.shards == 1  # no KL term, no frozen copy; nothing sharded
     # 8 sequences x 32768 tokens x 64 layers x (K and V) x 8 heads x 128 dims x 2 bytes
     assert est.kv_cache_gb == pytest.approx(8 * 32768 * 64 * 2 * 8 * 128 * 2 / 1e9)
-    with_kl = estimate_memory(compose_train(["experiment=kevin_32b", KB, "algorithm.kl_coef=0.001"]))
+    with_kl = estimate_memory(compose_train(["experiment=kevin_32b", KB, "trainer=torch", "algorithm.kl_coef=0.001"]))
     assert with_kl.reference_gb == est.weights_gb
 
 
@@ -110,18 +110,21 @@ def test_host_memory_counts_every_rank_of_the_node():
     assert eight.host_evaluator_gb == pytest.approx(8 * one.host_evaluator_gb)
 
 
-def test_layout_reads_the_model_shape_and_the_world_from_the_config():
-    x = layout_of(compose_train(["experiment=kevin_32b", KB, "resources=h200x16"]))
+def test_layout_reads_the_model_shape_the_trainer_and_the_world_from_the_config():
+    x = layout_of(compose_train(["experiment=kevin_32b", KB, "resources=h200x16", "tasks_per_step=16"]))
     assert (x.layers, x.hidden, x.intermediate, x.vocab, x.kv_dim) == (64, 5120, 27648, 152064, 1024)
     assert (x.world_size, x.ranks_per_node, x.cpus_per_rank) == (16, 8, 16)
-    # trainer.micro_batch_size x (prompt + response) tokens; the response's tokens keep log-probs
-    assert x.micro_batch_tokens == 1 * (16384 + 16384) and x.logprob_tokens == 16384
-    assert not x.sharded  # trainer.backend=torch until the config says otherwise
+    # the paper's trainer: ZeRO-3, optimizer states on the CPU, bf16, checkpointed activations
+    assert x.sharded and x.zero_stage == 3 and x.offload_optimizer == "cpu" and x.bf16 and x.activation_checkpointing
+    # a 16k + 16k sequence is longer than trainer.micro_batch_tokens: it runs alone; log-probs a chunk at a time
+    assert x.micro_batch_tokens == 16384 + 16384 and x.logprob_tokens == 4096
+    torch = layout_of(compose_train(["experiment=kevin_32b", KB, "trainer=torch", "trainer.micro_batch_size=2"]))
+    assert not torch.sharded and torch.micro_batch_tokens == 2 * 32768 and torch.logprob_tokens == 4096
 
 
 def test_32b_on_one_gpu_stops_with_the_numbers_and_the_fix():
     with pytest.raises(ResourceError) as err:
-        check_resources(compose_train(["experiment=kevin_32b", KB]))
+        check_resources(compose_train(["experiment=kevin_32b", KB, "trainer=torch"]))
     text = str(err.value)
     assert "model=32b" in text and "GB per GPU against 72 GB usable" in text
     assert "AdamW states 131.2 GB" in text and "fix:" in text and "trainer.backend=deepspeed" in text
@@ -165,10 +168,10 @@ def test_the_entry_point_refuses_before_any_step_runs(tmp_path):
 
 def test_the_estimate_command_prints_each_term_and_the_fixes():
     proc = subprocess.run([sys.executable, "-m", "kevin_exp.resources", "experiment=kevin_32b", "resources=h200x8",
-                           "trainer.backend=deepspeed", "trainer.zero_stage=3"],
+                           "trainer.offload_optimizer=none"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "trainer.backend=deepspeed (ZeRO-3" in out and "on 8 GPU(s), 8 per node" in out
     assert re.search(rf"optimizer states +{12 * P32 / 8 / 1e9:.1f} GB", out)
-    assert "host per node:" in out and "fits with: trainer.offload_optimizer=cpu" in out
+    assert "host per node:" in out and "trainer.offload_optimizer=cpu (about 90 GB per GPU)" in out
