@@ -161,9 +161,9 @@ def check_trainer_for_ranks(cfg: TrainConfig) -> None:
     world = context_from_env().world_size if launched_ranks() else r.world_size
     problems = world_size_problems(cfg, world)
     if problems:
-        asked = f"resources ask for {world} ranks ({r.nodes} node(s) x resources.ranks_per_node={r.ranks_per_node})"
-        raise LaunchError(("the launcher started " + f"{world} ranks" if launched_ranks() else asked) + ": "
-                          + "; ".join(problems))
+        who = (f"the launcher started {world} ranks" if launched_ranks() else
+               f"resources ask for {world} ranks ({r.nodes} node(s) x resources.ranks_per_node={r.ranks_per_node})")
+        raise LaunchError(f"{who}: " + "; ".join(problems))
 
 
 def final_reward(run_dir: str | Path) -> float:
