@@ -4,7 +4,8 @@ processes; RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT come from t
 usage: python deepspeed_worker.py OUT SPLIT CKPT_RUN_DIR MODE
   SPLIT: how many samples of each fixed batch every rank holds (6, or 5,1: the ranks' shares)
   Both modes run one update on batch A under ZeRO-2 (z2) and under ZeRO-3 (z3); then
-  MODE two: a sharded checkpoint of the ZeRO-3 learner in CKPT_RUN_DIR, and its update on batch B (z3_next)
+  MODE two: a sharded checkpoint of the ZeRO-2 learner in CKPT_RUN_DIR/z2; one of the ZeRO-3 learner in
+            CKPT_RUN_DIR, and its update on batch B (z3_next)
   MODE one: a fresh ZeRO-3 learner loads that checkpoint (converted to DeepSpeed's universal form when written
             by another number of ranks) and makes the update on batch B (z3_next)
 Writes OUT/rank{r}.pt: each update's metrics and the generator model's weights after it.
@@ -56,6 +57,8 @@ def main() -> None:
     for stage in (2, 3):
         learner, model = learner_for(stage)
         update(f"z{stage}", learner, model, 0)
+        if stage == 2 and mode == "two":  # ZeRO-2's flat parameter buffers, consolidated
+            Checkpointer(ckpt.root.parent / "z2").save_sharded(1, learner, {"run_id": "test"})
     if mode == "two":  # continues the ZeRO-3 learner after a checkpoint
         ckpt.save_sharded(1, learner, {"run_id": "test"})
         update("z3_next", learner, model, 1)

@@ -17,6 +17,7 @@ from kevin_exp.trainer.checkpoint import POLICY_FILE, find_checkpoint, load_poli
 from tests.integration.deepspeed_ranks import run_ranks, start_ranks
 
 pytest.importorskip("deepspeed")
+pytestmark = pytest.mark.slow
 
 RUN = ["model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=none", "trainer=deepspeed",
        "trainer.bf16=false", "trainer.offload_optimizer=none", "trainer.activation_checkpointing=false",
@@ -58,6 +59,9 @@ def test_a_killed_two_rank_run_resumes_exactly(straight, tmp_path):
     assert [m["world_size"] for m in got_metrics] == [2] * STEPS
     assert all(m["gpu_mem_peak_gb"] == 0.0 and m["mfu"] is None and m["host_rss_peak_gb"] > 0 for m in got_metrics)
     assert all(m["train_tokens"] > 0 and m["train_tokens_per_s"] > 0 for m in got_metrics)
+    # the DeepSpeed config the run used, generated from trainer.*
+    used = json.loads((killed / "deepspeed_config.json").read_text())
+    assert used["zero_optimization"]["stage"] == 3 and used["train_batch_size"] == 2
     # both ranks' task shares are in the records, each once
     tasks = {(r["step"], r["task_id"]) for r in got_turns}
     assert len(tasks) == STEPS * 2

@@ -12,7 +12,6 @@ BAD_CHOICES = [
     ("normalization=tokn", "normalization='tokn': expected one of constant, token, sequence"),
     ("algorithm.estimator=rloo", "algorithm.estimator='rloo': expected one of grpo, trloo"),
     ("algorithm.aggregation=mean", "algorithm.aggregation='mean': expected one of sum, max"),
-    ("trainer.backend=deepspeed", "trainer.backend=deepspeed: not implemented yet; implemented: torch"),
     ("rollout.backend=vllm", "rollout.backend=vllm: not implemented yet; implemented: hf, scripted"),
     ("rollout.env=real", "rollout.env='real': expected one of kernel, synthetic"),
     ("evaluator.backend=tpu", "evaluator.backend='tpu': expected one of auto, cpu, cuda"),

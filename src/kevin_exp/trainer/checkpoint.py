@@ -114,6 +114,9 @@ class Checkpointer:
         """Restores everything ``save`` wrote; returns ``state.json`` without the trainer's parts (``step``
         and the caller's extra keys)."""
         path = Path(path)
+        if (path / ZERO_TAG).is_dir():
+            raise UserError(f"{path}: written by trainer.backend=deepspeed; resume it with trainer=deepspeed (or start "
+                            "the run in a new run_dir)")
         load_policy_weights(path, model)
         state = json.loads((path / STATE_FILE).read_text())
         tensors = load_file(str(path / TRAINER_FILE))
@@ -139,7 +142,7 @@ class Checkpointer:
         (tmp / f"rng_rank{rank}.json").write_text(json.dumps(rng_state))
         collectives.barrier()
         if main:
-            save_model(learner.model, str(tmp / POLICY_FILE))
+            save_model(_OwnStorage(learner.model), str(tmp / POLICY_FILE))
             state = {**(extra or {}), "step": step, "world_size": collectives.world_size(), "backend": "deepspeed"}
             (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
             for path in [*tmp.rglob("*"), tmp]:
@@ -184,6 +187,24 @@ class Checkpointer:
             marked = (self.keep_every > 0 and step % self.keep_every == 0) or (path / KEEP_FILE).exists()
             if path != newest and path not in recent and not marked:
                 shutil.rmtree(path, ignore_errors=True)
+
+
+class _OwnStorage:
+    """A model's state dict with every tensor in storage of its own (tied weights still sharing one), for
+    ``save_model``: ZeRO-2 makes the parameters views into one flat buffer, which safetensors refuses."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        copies: dict[tuple, torch.Tensor] = {}
+        out = {}
+        for name, tensor in self.model.state_dict().items():
+            key = (tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
+            if key not in copies:
+                copies[key] = tensor.detach().clone()
+            out[name] = copies[key]
+        return out
 
 
 def find_checkpoint(path: str | Path) -> Path:

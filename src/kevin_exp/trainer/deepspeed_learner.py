@@ -15,18 +15,17 @@ is the single-process one (``TorchLearner``) computed over the union of the rank
   of micro-batches per step follows from the batch (``ds_config`` states one).
 - Metrics are reduced over ranks (sums of token statistics, the max of ``logprob_diff_max``); every rank
   returns the same dict.
-- ZeRO-3 partitions the engine's copy of the model; the model the generator samples from (``self.model``)
-  stays whole and is refreshed after each step parameter by parameter (``GatheredParameters``), never the
-  whole model gathered at once. Under ZeRO-2 the engine trains ``self.model`` itself.
+- ZeRO-3 trains a copy of the model built partitioned (``_partitioned_copy``); the model the generator
+  samples from (``self.model``) stays whole and is refreshed after each step parameter by parameter
+  (``GatheredParameters``), never the whole model gathered at once. Under ZeRO-2 the engine trains
+  ``self.model`` itself.
 
 Samples with a zero advantage carry no gradient (there is no KL term under this backend) and are not run,
 but count in every normaliser, as in ``TorchLearner``.
 """
 from __future__ import annotations
 
-import copy
 import json
-import math
 import os
 import socket
 from dataclasses import asdict
@@ -37,11 +36,12 @@ import torch
 
 from kevin_exp.config import AlgorithmConfig, TrainerConfig
 from kevin_exp.distributed import DistContext, context_from_env, init_process_group
+from kevin_exp.models.loading import _enable_checkpointing as enable_checkpointing
 from kevin_exp.rl.loss import clipped_policy_loss
 from kevin_exp.trainer import collectives
 from kevin_exp.trainer.batching import minibatch_plan, token_micro_batches
 from kevin_exp.trainer.ds_config import run_deepspeed_config
-from kevin_exp.trainer.learner import LearnerSample, TrainBatch, UpdateStats, _scatter
+from kevin_exp.trainer.learner import LearnerSample, TrainBatch, UpdateStats, _scatter, warmup_lambda
 from kevin_exp.trainer.logprobs import chunk_count, pack, response_logprobs
 
 DS_CONFIG_FILE = "deepspeed_config.json"
@@ -69,7 +69,6 @@ def join_process_group(ctx: DistContext, device: torch.device, timeout_s: float)
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
-        ctx = DistContext(0, 1, 0, 1)
         import datetime
 
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1,
@@ -82,11 +81,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def warmup_lambda(trainer: TrainerConfig, total_steps: int):
-    warmup = max(0, math.ceil(trainer.warmup_ratio * total_steps * trainer.minibatches * trainer.epochs))
-    return lambda k: min(1.0, (k + 1) / (warmup + 1))
 
 
 class DeepSpeedLearner:
@@ -104,11 +98,10 @@ class DeepSpeedLearner:
         self.temperature, self.top_p = temperature, top_p
         self.world = collectives.world_size()
         self.rank = collectives.rank()
-        train_model = copy.deepcopy(model) if trainer.zero_stage == 3 else model
-        if trainer.activation_checkpointing:
-            train_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        train_model.train()
         self.ds_config = run_deepspeed_config(trainer, self.world, load_universal)
+        train_model = self._partitioned_copy(model) if trainer.zero_stage == 3 else model
+        if trainer.activation_checkpointing:
+            enable_checkpointing(train_model)
         if run_dir is not None and self.rank == 0:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             (Path(run_dir) / DS_CONFIG_FILE).write_text(json.dumps(self.ds_config, indent=1))
@@ -120,6 +113,32 @@ class DeepSpeedLearner:
         if self.engine.module is not model:
             self.model.to(dtype=next(self.engine.module.parameters()).dtype)
         self.last_micro_batches = 0
+
+    def _partitioned_copy(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model ZeRO-3 trains: built partitioned (``zero.Init``), so a rank never holds a second whole
+        copy, then given ``model``'s weights one gathered parameter at a time."""
+        from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+        # transformers builds under zero.Init (skipping its weight init and keeping the rotary buffers' dtype)
+        # while this object lives; it must not outlive the build, or generate() would sync the ranks' GPUs
+        zero3 = HfDeepSpeedConfig(self.ds_config)
+        try:
+            copy = type(model)._from_config(model.config)
+        finally:
+            unset_hf_deepspeed_config()
+            del zero3
+        params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+        with torch.no_grad():
+            for name, param in copy.named_parameters():
+                with self.deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                    if self.rank == 0:
+                        param.copy_(params[name])
+            for name, buffer in copy.named_buffers():
+                if name in buffers:
+                    buffer.copy_(buffers[name])
+        if getattr(model, "generation_config", None) is not None:
+            copy.generation_config = model.generation_config
+        return copy
 
     # ------------------------------------------------------------------ the Learner protocol
     def state_dict(self) -> dict[str, Any]:
@@ -144,6 +163,8 @@ class DeepSpeedLearner:
             return stats
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
         active = [i for i, s in enumerate(samples) if s.advantage != 0.0]
+        # under ZeRO-2 the engine's module is the generator's model: give it back in the mode it came in
+        was_training = self.engine.module.training
         self.engine.eval()
         old = dict(zip(active, self._logprobs(samples, active, lengths)))
         if collectives.reduce_values([len(active)], "sum")[0] > 0:
@@ -182,6 +203,7 @@ class DeepSpeedLearner:
         stats.kl, stats.entropy, stats.clip_fraction = kl / tokens, entropy / tokens, clip / tokens
         stats.logprob_diff_mean, stats.logprob_diff_max = (dsum / dn, dmax) if dn > 0 else (None, None)
         self.last_micro_batches = micro_batches
+        self.engine.module.train(was_training)
         self.sync_generator_weights()
         return stats
 

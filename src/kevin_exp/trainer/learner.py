@@ -2,7 +2,9 @@
 
 ``Learner`` is the interface the training loop uses (``train_step(batch) -> metrics``, ``state_dict``/
 ``load_state_dict`` for checkpoints, ``model`` for the weights a generator is given); ``build_learner``
-picks the implementation named by ``trainer.backend``. ``TorchLearner`` trains in this process with AdamW.
+picks the implementation named by ``trainer.backend``. ``TorchLearner`` trains in this process with AdamW;
+``DeepSpeedLearner`` (``trainer/deepspeed_learner.py``) trains under ZeRO over every rank of the run, and its
+checkpoints are sharded (``Checkpointer.save_sharded``), not a ``state_dict``.
 
 Each turn is its own sample (prompt = task + history, response = this turn's output); prompt tokens
 carry no loss. The rollout batch is split into ``minibatches`` gradient steps (Kevin: 2, the first
@@ -15,14 +17,14 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
 from kevin_exp.config import AlgorithmConfig, TrainConfig, TrainerConfig
 from kevin_exp.rl.loss import clipped_policy_loss
+from kevin_exp.trainer.batching import minibatch_plan
 from kevin_exp.trainer.logprobs import pack, response_logprobs
 
 
@@ -86,6 +88,12 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, pad_id: int, device:
     raise ValueError(f"trainer.backend={cfg.trainer.backend!r} has no learner")  # refused at composition already
 
 
+def warmup_lambda(trainer: TrainerConfig, total_steps: int) -> Callable[[int], float]:
+    """The lr factor after k gradient steps: a linear warm-up over ``warmup_ratio`` of them, then 1."""
+    warmup = max(0, math.ceil(trainer.warmup_ratio * total_steps * trainer.minibatches * trainer.epochs))
+    return lambda k: min(1.0, (k + 1) / (warmup + 1))
+
+
 class TorchLearner:
     def __init__(self, model: torch.nn.Module, pad_id: int, trainer: TrainerConfig, algorithm: AlgorithmConfig,
                  max_new_tokens: int, total_steps: int, device: torch.device, temperature: float = 1.0,
@@ -97,8 +105,7 @@ class TorchLearner:
             [p for p in model.parameters() if p.requires_grad], lr=trainer.lr, weight_decay=trainer.weight_decay,
             betas=(trainer.adam_beta1, trainer.adam_beta2),
         )
-        warmup = max(0, math.ceil(trainer.warmup_ratio * total_steps * trainer.minibatches * trainer.epochs))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: min(1.0, (k + 1) / (warmup + 1)))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_lambda(trainer, total_steps))
         # a frozen reference policy costs a model's memory: only keep one when the KL term is on
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if algorithm.kl_coef > 0 else None
 
@@ -142,17 +149,11 @@ class TorchLearner:
         ref = (dict(zip(active, self._logprobs(self.reference, [samples[i] for i in active])))
                if self.reference is not None else None)
         self.model.train()
-        order = list(range(len(samples)))
-        rng = random.Random(seed)
         totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip": 0.0, "norm": 0.0, "tokens": 0}
         active_set = set(active)
-        for _ in range(self.cfg.epochs):
-            rng.shuffle(order)
-            n_mb = min(self.cfg.minibatches, len(order))
-            for mb in range(n_mb):
-                idx = order[mb::n_mb]
-                totals["norm"] += self._gradient_step(samples, idx, active_set, old, ref, totals)
-                stats.gradient_steps += 1
+        for idx in minibatch_plan(len(samples), self.cfg.minibatches, self.cfg.epochs, seed):
+            totals["norm"] += self._gradient_step(samples, idx, active_set, old, ref, totals)
+            stats.gradient_steps += 1
         tokens = max(1, totals["tokens"])
         stats.loss = totals["loss"] / max(1, stats.gradient_steps)
         stats.grad_norm = totals["norm"] / max(1, stats.gradient_steps)

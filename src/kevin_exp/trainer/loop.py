@@ -166,6 +166,7 @@ class TrainingRun:
     def train_step(self, step: int, progress: Progress) -> dict[str, Any]:
         cfg, parts, ctx = self.cfg, self.parts, self.ctx
         t_step = time.perf_counter()
+        reset_gpu_peak(self.device)
         tasks = rank_share(pick_tasks(parts.pool, cfg.tasks_per_step, cfg.seed, step), ctx.rank, ctx.world_size)
         samples, times = run_rollout(tasks, self.generator, self.env, parts.encode_prompt, parts.count_tokens,
                                      rollout_settings(cfg, cfg.n_trajectories, cfg.n_turns, cfg.rollout.overlap),
@@ -178,7 +179,6 @@ class TrainingRun:
             self.records.append_turns([turn_row(self.run_id, "train", step, s, self.settings, cfg.model.usual_opening,
                                                 self.env.backend) for s in all_samples])
             self.folder.transcripts.append(step, transcript_rows("train", step, all_samples))
-        reset_gpu_peak(self.device)
         t_train = time.perf_counter()
         self.generator.sleep()
         stats = self.learner.train_step(TrainBatch(

@@ -18,14 +18,16 @@ from kevin_exp.threads import thread_count
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` and ``cuda`` are this rank's GPU in a multi-rank run (``cuda:LOCAL_RANK``)."""
+    """``auto`` and ``cuda`` are this rank's GPU in a multi-rank run (``cuda:LOCAL_RANK``, or ``cuda:0`` when
+    it is the only one visible)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"trainer.device={name}: no CUDA GPU is visible here; use trainer.device=auto or cpu")
     ctx = context_from_env()
     if name == "cuda" and ctx.distributed:
-        return torch.device("cuda", ctx.local_rank)
+        # a launcher that shows each rank only its own GPU leaves it as cuda:0
+        return torch.device("cuda", 0 if torch.cuda.device_count() == 1 else ctx.local_rank)
     return torch.device(name)
 
 
