@@ -132,8 +132,11 @@ def join_run(cfg: TrainConfig, ctx: DistContext | None = None) -> DistContext:
         return ctx
     cuda = uses_cuda(cfg)
     if cuda:
-        torch.cuda.set_device(ctx.local_rank)
-        me["device"] = f"cuda:{ctx.local_rank}"
+        from kevin_exp.trainer.setup import resolve_device
+
+        device = resolve_device(cfg.trainer.device)  # the trainer's choice of this rank's GPU
+        torch.cuda.set_device(device)
+        me["device"] = str(device)
     init_process_group(ctx, "nccl" if cuda else "gloo", dist_timeout_s(cfg))
     gathered: list[Any] = [None] * ctx.world_size
     torch.distributed.all_gather_object(gathered, me)
