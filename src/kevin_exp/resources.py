@@ -87,6 +87,8 @@ class MemoryEstimate:
     gradients_gb: float
     optimizer_gb: float
     reference_gb: float
+    # the in-process generator's whole model, beside ZeRO-3's partitioned training copy
+    generator_gb: float
     activations_gb: float
     logprobs_gb: float
     buffers_gb: float
@@ -101,7 +103,7 @@ class MemoryEstimate:
 
     @property
     def states_gb(self) -> float:
-        return self.weights_gb + self.gradients_gb + self.optimizer_gb + self.reference_gb
+        return self.weights_gb + self.gradients_gb + self.optimizer_gb + self.reference_gb + self.generator_gb
 
     @property
     def train_phase_gb(self) -> float:
@@ -170,6 +172,9 @@ def estimate(x: MemoryLayout) -> MemoryEstimate:
         host_offload = ((optim + 4 * p) / w if x.offload_optimizer == "cpu" else 0.0) \
             + (params / w if x.offload_params == "cpu" else 0.0)
         reference = (a * p / params_shards) if x.reference else 0.0
+        # ZeRO-3 trains a partitioned copy; the generator samples from a whole one in model.dtype (under ZeRO-2
+        # the engine trains the generator's own model: its weights are the ones counted above)
+        generator = BYTES[x.dtype] * p if x.zero_stage == 3 else 0.0
         shards = w
         if x.zero_stage == 3:
             # the layer being computed and the one prefetched, gathered in full (the embedding the largest)
@@ -183,7 +188,7 @@ def estimate(x: MemoryLayout) -> MemoryEstimate:
         a = BYTES[x.dtype]
         gpu_params, gpu_grads, gpu_optim = a * p, a * p, 2 * a * p
         reference = a * p if x.reference else 0.0
-        host_offload, buffers, shards, load = 0.0, 0.0, 1, a * p
+        host_offload, buffers, shards, load, generator = 0.0, 0.0, 1, a * p, 0.0
     act = _activation_bytes(x, a)
     # log-probs of the kept tokens: bf16 logits, their fp32 copy, the tempered logits, the log-softmax and the
     # gradient of the logits (16 bytes per vocabulary entry)
@@ -193,6 +198,7 @@ def estimate(x: MemoryLayout) -> MemoryEstimate:
     ranks = x.ranks_per_node
     return MemoryEstimate(
         weights_gb=gpu_params / GB, gradients_gb=gpu_grads / GB, optimizer_gb=gpu_optim / GB, reference_gb=reference / GB,
+        generator_gb=generator / GB,
         activations_gb=act / GB, logprobs_gb=logprobs / GB, buffers_gb=buffers / GB, kv_cache_gb=kv / GB,
         vllm_gb=x.vllm_gb, runtime_gb=runtime, shards=shards,
         host_offload_gb=ranks * host_offload / GB, host_processes_gb=ranks * RANK_PROCESS_GB,
@@ -268,14 +274,24 @@ def fixes_for(x: MemoryLayout, gpu_budget_gb: float) -> list[str]:
     order = ("trainer.backend", "trainer.zero_stage", "trainer.activation_checkpointing", "trainer.logprob_chunk_tokens",
              "trainer.offload_optimizer", "trainer.offload_params", "resources.nodes", "trainer.micro_batch_tokens",
              "rollout.generation_batch_size")
-    applied: dict[str, Any] = {}
-    labels: list[str] = []
+    chosen: list[tuple[str, dict[str, Any]]] = []
+
+    def combined(steps_: list[tuple[str, dict[str, Any]]]) -> float:
+        merged: dict[str, Any] = {}
+        for _, changes in steps_:
+            merged.update(changes)
+        return estimate(with_changes(merged)).per_gpu_gb
+
     for label, changes in sorted(steps, key=lambda step: order.index(step[0].split("=")[0])):
-        applied.update(changes)
-        after = estimate(with_changes(applied)).per_gpu_gb
-        labels = [lb for lb in labels if lb.split("=")[0] != label.split("=")[0]] + [label]
-        if after <= gpu_budget_gb:
-            return [" ".join(labels) + f" together (about {after:.0f} GB per GPU)"]
+        key = label.split("=")[0]
+        chosen = [c for c in chosen if c[0].split("=")[0] != key] + [(label, changes)]
+        if combined(chosen) <= gpu_budget_gb:
+            # drop what the combination does not need, the last added first
+            for step in list(reversed(chosen)):
+                rest = [c for c in chosen if c is not step]
+                if combined(rest) <= gpu_budget_gb:
+                    chosen = rest
+            return [" ".join(lb for lb, _ in chosen) + f" together (about {combined(chosen):.0f} GB per GPU)"]
     return []
 
 
@@ -313,7 +329,8 @@ def breakdown(x: MemoryLayout, est: MemoryEstimate) -> str:
     where = (f"ZeRO-{x.zero_stage} over {est.shards} GPUs (trainer.backend={x.backend})" if x.sharded
              else f"all on one GPU (trainer.backend={x.backend} does not shard)")
     parts = [f"weights {est.weights_gb:.1f} GB", f"gradients {est.gradients_gb:.1f} GB",
-             f"AdamW states {est.optimizer_gb:.1f} GB"] + ([f"KL reference {est.reference_gb:.1f} GB"] if est.reference_gb else [])
+             f"AdamW states {est.optimizer_gb:.1f} GB"] + ([f"KL reference {est.reference_gb:.1f} GB"] if est.reference_gb else []) \
+        + ([f"the generator's whole model {est.generator_gb:.1f} GB"] if est.generator_gb else [])
     return (" + ".join(parts) + f", {where}; activations {est.activations_gb:.1f} GB "
             f"({x.micro_batch_tokens} tokens, checkpointing {'on' if x.activation_checkpointing else 'off'}) + log-probs "
             f"{est.logprobs_gb:.1f} GB ({x.logprob_tokens} tokens) or rollout KV cache {est.kv_cache_gb:.1f} GB "
@@ -323,7 +340,8 @@ def breakdown(x: MemoryLayout, est: MemoryEstimate) -> str:
 
 def report_lines(x: MemoryLayout, est: MemoryEstimate, gpu_memory_gb: float, fraction: float, mem_gb: float) -> list[str]:
     rows = [("weights", est.weights_gb), ("gradients", est.gradients_gb), ("optimizer states", est.optimizer_gb),
-            ("KL reference", est.reference_gb), ("ZeRO buffers", est.buffers_gb), ("CUDA context + NCCL", est.runtime_gb),
+            ("KL reference", est.reference_gb), ("generator's whole model", est.generator_gb),
+            ("ZeRO buffers", est.buffers_gb), ("CUDA context + NCCL", est.runtime_gb),
             (f"activations ({x.micro_batch_tokens} tokens)", est.activations_gb),
             (f"log-prob buffers ({x.logprob_tokens} tokens)", est.logprobs_gb),
             (f"rollout KV cache ({x.generation_batch} x {x.sequence_tokens})", est.kv_cache_gb), ("vLLM share", est.vllm_gb)]

@@ -16,6 +16,7 @@ from kevin_exp.resources import (
     RANK_PROCESS_GB,
     MemoryLayout,
     ResourceError,
+    candidate_changes,
     check_resources,
     estimate,
     estimate_memory,
@@ -39,8 +40,9 @@ def test_single_process_trainer_counts_weights_gradients_adam_states_and_kv_cach
     assert est.weights_gb == pytest.approx(32.8 * 2)  # bf16
     assert est.gradients_gb == est.weights_gb and est.optimizer_gb == 2 * est.weights_gb
     assert est.reference_gb == 0.0 and est.shards == 1  # no KL term, no frozen copy; nothing sharded
-    # 8 sequences x 32768 tokens x 64 layers x (K and V) x 8 heads x 128 dims x 2 bytes
-    assert est.kv_cache_gb == pytest.approx(8 * 32768 * 64 * 2 * 8 * 128 * 2 / 1e9)
+    # 4 sequences x 32768 tokens x 64 layers x (K and V) x 8 heads x 128 dims x 2 bytes
+    assert est.kv_cache_gb == pytest.approx(4 * 32768 * 64 * 2 * 8 * 128 * 2 / 1e9)
+    assert est.generator_gb == 0.0  # the torch learner trains the generator's own model
     with_kl = estimate_memory(compose_train(["experiment=kevin_32b", KB, "trainer=torch", "algorithm.kl_coef=0.001"]))
     assert with_kl.reference_gb == est.weights_gb
 
@@ -51,7 +53,9 @@ def test_zero3_divides_bf16_params_grads_and_fp32_adam_over_the_world():
         assert est.weights_gb == pytest.approx(2 * P32 / world / 1e9)
         assert est.gradients_gb == pytest.approx(2 * P32 / world / 1e9)
         assert est.optimizer_gb == pytest.approx(12 * P32 / world / 1e9)
-        assert est.states_gb == pytest.approx(16 * P32 / world / 1e9)
+        # beside the partitioned training copy, the in-process generator samples from a whole bf16 model
+        assert est.generator_gb == pytest.approx(2 * P32 / 1e9)
+        assert est.states_gb == pytest.approx(16 * P32 / world / 1e9 + 2 * P32 / 1e9)
         assert est.shards == world
 
 
@@ -59,6 +63,7 @@ def test_zero2_keeps_whole_params_on_every_gpu():
     est = estimate(dataclasses.replace(QWQ, zero_stage=2))
     assert est.weights_gb == pytest.approx(2 * P32 / 1e9)
     assert est.optimizer_gb == pytest.approx(12 * P32 / 8 / 1e9)
+    assert est.generator_gb == 0.0  # ZeRO-2 trains the generator's own model
 
 
 def test_offload_moves_the_optimizer_and_params_to_the_host_of_each_node():
@@ -117,8 +122,9 @@ def test_layout_reads_the_model_shape_the_trainer_and_the_world_from_the_config(
     # the paper's trainer: ZeRO-3, optimizer states on the CPU, bf16, checkpointed activations
     assert x.sharded and x.zero_stage == 3 and x.offload_optimizer == "cpu" and x.bf16 and x.activation_checkpointing
     # a 16k + 16k sequence is longer than trainer.micro_batch_tokens: it runs alone; log-probs a chunk at a time
-    assert x.micro_batch_tokens == 16384 + 16384 and x.logprob_tokens == 4096
-    torch = layout_of(compose_train(["experiment=kevin_32b", KB, "trainer=torch", "trainer.micro_batch_size=2"]))
+    assert x.micro_batch_tokens == 16384 + 16384 and x.logprob_tokens == 1024
+    torch = layout_of(compose_train(["experiment=kevin_32b", KB, "trainer=torch", "trainer.micro_batch_size=2",
+                                     "trainer.logprob_chunk_tokens=4096"]))
     assert not torch.sharded and torch.micro_batch_tokens == 2 * 32768 and torch.logprob_tokens == 4096
 
 
@@ -127,23 +133,30 @@ def test_32b_on_one_gpu_stops_with_the_numbers_and_the_fix():
         check_resources(compose_train(["experiment=kevin_32b", KB, "trainer=torch"]))
     text = str(err.value)
     assert "model=32b" in text and "GB per GPU against 72 GB usable" in text
-    assert "AdamW states 131.2 GB" in text and "fix:" in text and "trainer.backend=deepspeed" in text
+    assert "AdamW states 131.2 GB" in text and "fix:" in text and "resources.gpu_memory_gb" in text
 
 
 def test_every_fix_offered_fits_when_applied():
     budget = 141 * 0.9
-    fixes = fixes_for(QWQ, budget)
-    assert fixes and estimate(QWQ).per_gpu_gb > budget
+    x = dataclasses.replace(QWQ, generation_batch=4)
+    fixes = fixes_for(x, budget)
+    assert fixes and estimate(x).per_gpu_gb > budget
+    offered = [(label, changes) for label, changes in candidate_changes(x) if any(f.startswith(label + " (") for f in fixes)]
+    assert len(offered) == len(fixes)
+    for _, changes in offered:
+        assert estimate(dataclasses.replace(x, **changes)).per_gpu_gb <= budget
     assert any(f.startswith("trainer.offload_optimizer=cpu") for f in fixes)
-    assert estimate(dataclasses.replace(QWQ, offload_optimizer="cpu")).per_gpu_gb <= budget
     # the next node count that fits is named, not a larger one
-    [nodes] = [f for f in fixes if f.startswith("resources.nodes=")]
-    assert nodes.startswith("resources.nodes=2 (16 GPUs)")
-    assert estimate(dataclasses.replace(QWQ, world_size=16)).per_gpu_gb <= budget
-    # nothing alone fits a 32B on one GPU: the combination is named, and it fits
-    lone = dataclasses.replace(QWQ, backend="torch", world_size=1, ranks_per_node=1)
+    [nodes] = [label for label, _ in offered if label.startswith("resources.nodes=")]
+    assert not any(estimate(dataclasses.replace(x, world_size=n)).per_gpu_gb <= budget
+                   for n in range(16, int(nodes.split("=")[1].split()[0]) * 8, 8))
+    # nothing alone fits a 7B on one 80 GB GPU with the one-process trainer: the combination named fits
+    lone = MemoryLayout(model="7b", params_b=7.6, layers=28, hidden=3584, intermediate=18944, vocab=152064, kv_dim=512,
+                        dtype="bfloat16", backend="torch", activation_checkpointing=False, micro_batch_tokens=32768,
+                        logprob_tokens=16384, generation_batch=8, sequence_tokens=32768)
     [combined] = fixes_for(lone, 72)
     assert "trainer.backend=deepspeed" in combined and "together" in combined
+    assert float(combined.split("about ")[1].split()[0]) <= 72
 
 
 def test_a_node_without_enough_host_memory_is_refused():
@@ -174,4 +187,4 @@ def test_the_estimate_command_prints_each_term_and_the_fixes():
     out = proc.stdout
     assert "trainer.backend=deepspeed (ZeRO-3" in out and "on 8 GPU(s), 8 per node" in out
     assert re.search(rf"optimizer states +{12 * P32 / 8 / 1e9:.1f} GB", out)
-    assert "host per node:" in out and "trainer.offload_optimizer=cpu (about 90 GB per GPU)" in out
+    assert "host per node:" in out and "trainer.offload_optimizer=cpu (about 121 GB per GPU)" in out
