@@ -80,6 +80,10 @@ class ModelConfig:
     layers: int = number(30, ge=0)
     kv_heads: int = number(3, ge=0)
     head_dim: int = number(64, ge=0)
+    # ... and for the learner's activations and log-prob buffers (0: unknown, not counted)
+    hidden_size: int = number(576, ge=0)
+    intermediate_size: int = number(1536, ge=0)
+    vocab_size: int = number(49152, ge=0)
 
     def extra_checks(self, prefix: str) -> list[str]:
         problems = []
@@ -353,14 +357,32 @@ class ResourcesConfig:
     gpus_per_node: int = number(1, ge=0)
     # memory of one GPU (H100 80 GB; H200 141 GB)
     gpu_memory_gb: float = number(80.0, ge=0)
-    # also the job's thread count (torch, OpenMP, MKL; at most the cores it may use: kevin_exp/threads.py)
+    # processes per node, one per GPU (each a rank of the run; SLURM's tasks_per_node); on a CPU-only node
+    # the number of CPU ranks (gloo). The YAML default is gpus_per_node (1 without GPUs)
+    ranks_per_node: int = number(1, ge=1)
+    # cores of one rank (SLURM's cpus_per_task): its torch/OpenMP threads and its evaluator's compile and run
+    # workers, at most the cores it may use shared with the node's other ranks (kevin_exp/threads.py)
     cpus_per_task: int = number(16, ge=1)
+    # host memory of one node (all its ranks)
     mem_gb: int = number(128, ge=1)
     timeout_min: int = number(240, ge=1)
     # refuse to launch when the estimate exceeds this share of the GPU memory (allocator slack, CUDA context)
     max_memory_fraction: float = number(0.9, gt=0, le=1)
     # false: skip the launch-time memory check
     check: bool = True
+    # a collective waits this long for the slowest rank before the run fails (a trainer's own
+    # trainer.dist_timeout_s wins): longer than a rank's longest lone phase (generation, kernel evaluation)
+    dist_timeout_s: float = number(1800.0, gt=0)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def extra_checks(self, prefix: str) -> list[str]:
+        if self.gpus_per_node and self.ranks_per_node > self.gpus_per_node:
+            return [f"{prefix}ranks_per_node={self.ranks_per_node}: one rank per GPU, so at most "
+                    f"{prefix}gpus_per_node={self.gpus_per_node} (leave ranks_per_node out to follow gpus_per_node)"]
+        return []
 
 
 @dataclass

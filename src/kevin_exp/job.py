@@ -11,6 +11,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from kevin_exp.config import TrainConfig, to_typed
+from kevin_exp.distributed import context_from_env
+from kevin_exp.launch import LaunchError, as_launched, launched_ranks, rank_env_from_slurm
 from kevin_exp.preflight import check_run_inputs, launched_by_cluster
 from kevin_exp.threads import apply_thread_limits
 
@@ -31,14 +33,22 @@ def sweep_group(cfg: TrainConfig) -> str | None:
 
 
 def job_settings(cfg: DictConfig, entry: str) -> JobSettings:
-    """The job's typed config (raises a UserError naming any bad setting or missing input)."""
+    """The job's typed config (raises a UserError naming any bad setting or missing input). In a run of several
+    ranks every rank composes and checks the same config; the world the launcher started is what it records."""
+    rank_env_from_slurm()  # a SLURM task of a multi-task job: its rank, from SLURM, before anything reads it
+    ctx = context_from_env()
     typed = to_typed(cfg)
     hc = HydraConfig.get()
     run_dir = typed.run_dir or hc.runtime.output_dir
     typed = dataclasses.replace(typed, run_dir=str(Path(run_dir).resolve()))
+    if launched_ranks():
+        typed = as_launched(typed, ctx)
+    if entry != "train" and (ctx.distributed or typed.resources.world_size > 1):
+        raise LaunchError(f"python -m kevin_exp.{entry} runs in one process, but resources ask for "
+                          f"{typed.resources.world_size} ranks: resources.ranks_per_node=1 resources.nodes=1")
     check_run_inputs(typed, entry, memory_check=not launched_by_cluster())
     apply_thread_limits(typed.resources)  # before the model loads and the evaluator starts
-    if hc.mode == RunMode.MULTIRUN:
+    if hc.mode == RunMode.MULTIRUN and ctx.is_main:
         print(f"job #{hc.job.num}: {' '.join(hc.overrides.task) or 'no overrides'} -> {typed.run_dir}", flush=True)
     return JobSettings(typed, sweep_group(typed))
 

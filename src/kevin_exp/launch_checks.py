@@ -56,10 +56,11 @@ def check_points(points: Sequence[tuple[Sequence[str], TrainConfig]], launcher_g
     """Every point that asks for GPUs must fit them; and one SLURM array has one shape, so every point must
     ask for the same resources the launcher submits with."""
     problems = []
-    shapes = {(c.resources.nodes, c.resources.gpus_per_node, c.resources.cpus_per_task, c.resources.mem_gb)
+    shapes = {(c.resources.nodes, c.resources.gpus_per_node, c.resources.ranks_per_node, c.resources.cpus_per_task,
+               c.resources.mem_gb)
               for _, c in points}
     if len(shapes) > 1:
-        problems.append("the points ask for different resources (nodes, GPUs, cores, memory), but one launch submits "
+        problems.append("the points ask for different resources (nodes, GPUs, ranks, cores, memory), but one launch submits "
                         "one job shape: launch each resources= choice as its own sweep")
     for overrides, cfg in points:
         try:

@@ -13,6 +13,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from kevin_exp.distributed import context_from_env
 from kevin_exp.errors import EXIT_USER_ERROR, UserError, report
 from kevin_exp.records import JsonlWriter, git_state, read_jsonl
 
@@ -57,6 +58,8 @@ class SweepLedger(Callback):
         self.path = Path(path)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not context_from_env().is_main:
+            return  # a sweep run under torchrun: its rank 0 writes the line and claims the folder
         hydra_cfg = config.hydra
         sweep_dir = Path(hydra_cfg.sweep.dir).resolve()
         params = OmegaConf.to_container(hydra_cfg.sweeper.params, resolve=True) if hydra_cfg.sweeper.get("params") else {}
@@ -85,6 +88,8 @@ class SweepLedger(Callback):
         writer.close()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if not context_from_env().is_main:
+            return
         sweep_dir = Path(config.hydra.sweep.dir)
         print(f"sweep done: {sweep_dir}\ntabulate it: python analysis/ablation_table.py {sweep_dir}", flush=True)
 

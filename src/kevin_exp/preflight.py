@@ -128,6 +128,10 @@ def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True) ->
         from kevin_exp.trainer.checkpoint import find_checkpoint
 
         find_checkpoint(cfg.checkpoint)
+    if entry == "train":
+        from kevin_exp.launch import check_trainer_for_ranks
+
+        check_trainer_for_ranks(cfg)
     if memory_check and uses_gpu(cfg):
         check_resources(cfg)
 

@@ -1,19 +1,21 @@
-"""Launch-time memory check: a configuration whose model cannot fit the GPUs it asks for stops before anything
-runs (or is submitted), with the numbers and the fix, instead of running out of memory on the cluster.
+"""Launch-time resource check: memory per GPU and host memory per node of a configuration, from formulas (written
+out with their sources in docs/scaling.md); a configuration that does not fit stops before anything runs (or is
+submitted), with the numbers and the fixes that would make it fit.
 
-Per-GPU estimate for the learner and the rollout that share each GPU (Kevin App. C: every GPU generates, then
-trains):
-- weights: params x bytes of ``model.dtype``; gradients the same; AdamW keeps two moments in the parameters'
-  dtype (torch's AdamW), so optimizer states are twice the weights; a frozen reference copy when ``kl_coef > 0``;
-- these are divided across GPUs only by a sharding trainer (ZeRO-3); the single-process ``torch`` trainer keeps
-  all of them on one GPU;
-- rollout KV cache: generation_batch_size x (max_prompt_tokens + max_new_tokens) x layers x 2 x kv_heads x
-  head_dim x bytes (skipped when the model config does not give its architecture);
-- activations are not counted (gradient checkpointing keeps them small); the margin is ``max_memory_fraction``.
+    python -m kevin_exp.resources experiment=kevin_32b resources=h200x8 trainer.backend=deepspeed
+
+``estimate(layout)`` is a pure function of a ``MemoryLayout`` (what the formulas read: model size and shape,
+trainer, sequence lengths, world size); ``layout_of(cfg)`` reads one from a run's config. Trainer settings of the
+sharding trainer (``trainer.zero_stage``, ``offload_optimizer``, ``offload_params``, ``bf16``,
+``activation_checkpointing``, ``micro_batch_tokens``, ``logprob_chunk_tokens``) are read where the config has them,
+with the defaults below otherwise.
 """
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 from kevin_exp.config import TrainConfig
 from kevin_exp.errors import UserError
@@ -21,6 +23,18 @@ from kevin_exp.errors import UserError
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SHARDING_TRAINERS = {"deepspeed"}
 GB = 1e9
+# CUDA context, cuBLAS/cuDNN workspaces and the caching allocator's first blocks, per GPU
+CUDA_CONTEXT_GB = 1.0
+# NCCL's buffers and streams per GPU, when there is more than one rank
+NCCL_GB = 1.0
+# DeepSpeed ZeRO-2's reduce and all-gather buckets: 5e8 elements each (its defaults), bf16
+ZERO2_BUCKETS_GB = 2 * 5e8 * 2 / GB
+# one rank's host process outside its tensors: Python, torch and CUDA host state, tokenizer, pinned staging
+RANK_PROCESS_GB = 6.0
+# one HF checkpoint shard file, what a ZeRO-3 rank holds in host memory at a time while loading
+CHECKPOINT_SHARD_GB = 5.0
+# one compiler process of the evaluator (nvcc/cicc on a KernelBench kernel with torch headers)
+COMPILE_WORKER_GB = 1.0
 
 
 class ResourceError(UserError):
@@ -28,67 +42,325 @@ class ResourceError(UserError):
 
 
 @dataclass(frozen=True)
+class MemoryLayout:
+    """What the memory formulas read from a configuration."""
+
+    model: str
+    params_b: float
+    layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    kv_dim: int  # kv_heads x head_dim
+    dtype: str
+    backend: str = "torch"
+    zero_stage: int = 3
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    bf16: bool = True
+    activation_checkpointing: bool = True
+    # tokens of one micro-batch (prompt + response) and the response tokens whose log-probs are kept
+    micro_batch_tokens: int = 0
+    logprob_tokens: int = 0
+    # rollout: sequences generated together and their length
+    generation_batch: int = 0
+    sequence_tokens: int = 0
+    reference: bool = False
+    world_size: int = 1
+    ranks_per_node: int = 1
+    cpus_per_rank: int = 1
+    eval_slot_gb: float = 0.0
+    # the vLLM engine's share of each GPU (0 until the vllm rollout backend exists)
+    vllm_gb: float = 0.0
+
+    @property
+    def sharded(self) -> bool:
+        return self.backend in SHARDING_TRAINERS
+
+
+@dataclass(frozen=True)
 class MemoryEstimate:
+    """GB per GPU (states resident through the step, then the larger of the training and the generation phase's
+    working set) and GB of host memory per node."""
+
     weights_gb: float
     gradients_gb: float
     optimizer_gb: float
     reference_gb: float
+    # the in-process generator's whole model, beside ZeRO-3's partitioned training copy
+    generator_gb: float
+    activations_gb: float
+    logprobs_gb: float
+    buffers_gb: float
     kv_cache_gb: float
+    vllm_gb: float
+    runtime_gb: float
     shards: int
+    host_offload_gb: float
+    host_processes_gb: float
+    host_load_gb: float
+    host_evaluator_gb: float
+
+    @property
+    def states_gb(self) -> float:
+        return self.weights_gb + self.gradients_gb + self.optimizer_gb + self.reference_gb + self.generator_gb
+
+    @property
+    def train_phase_gb(self) -> float:
+        return self.activations_gb + self.logprobs_gb
+
+    @property
+    def generate_phase_gb(self) -> float:
+        return self.kv_cache_gb + self.vllm_gb
 
     @property
     def per_gpu_gb(self) -> float:
-        sharded = (self.weights_gb + self.gradients_gb + self.optimizer_gb + self.reference_gb) / self.shards
-        return sharded + self.kv_cache_gb
+        return self.runtime_gb + self.states_gb + self.buffers_gb + max(self.train_phase_gb, self.generate_phase_gb)
+
+    @property
+    def host_per_node_gb(self) -> float:
+        return max(self.host_load_gb, self.host_offload_gb) + self.host_processes_gb + self.host_evaluator_gb
+
+
+def _trainer(cfg: TrainConfig, name: str, default: Any) -> Any:
+    value = getattr(cfg.trainer, name, None)
+    return default if value is None else value
+
+
+def layout_of(cfg: TrainConfig) -> MemoryLayout:
+    """The layout of a run's config (trainer settings of the sharding trainer read where they exist)."""
+    m, r, ro = cfg.model, cfg.resources, cfg.rollout
+    if m.dtype not in BYTES:
+        raise ResourceError(f"model.dtype={m.dtype!r}: expected one of {', '.join(BYTES)}")
+    sequence = ro.max_prompt_tokens + ro.max_new_tokens
+    sharded = cfg.trainer.backend in SHARDING_TRAINERS
+    if sharded:
+        # a micro-batch of trainer.micro_batch_tokens (a longer sequence runs alone)
+        micro_tokens = max(int(_trainer(cfg, "micro_batch_tokens", sequence)), sequence)
+        response_tokens = micro_tokens
+    else:
+        micro_tokens = cfg.trainer.micro_batch_size * sequence
+        response_tokens = cfg.trainer.micro_batch_size * ro.max_new_tokens
+    chunk = int(_trainer(cfg, "logprob_chunk_tokens", 0))
+    return MemoryLayout(
+        model=m.name, params_b=m.params_b, layers=m.layers, hidden=m.hidden_size, intermediate=m.intermediate_size,
+        vocab=m.vocab_size, kv_dim=m.kv_heads * m.head_dim, dtype=m.dtype, backend=cfg.trainer.backend,
+        zero_stage=int(_trainer(cfg, "zero_stage", 3)), offload_optimizer=str(_trainer(cfg, "offload_optimizer", "none")),
+        offload_params=str(_trainer(cfg, "offload_params", "none")),
+        bf16=bool(_trainer(cfg, "bf16", False)) if sharded else m.dtype == "bfloat16",
+        activation_checkpointing=bool(_trainer(cfg, "activation_checkpointing", False)) if sharded
+        else m.gradient_checkpointing,
+        micro_batch_tokens=micro_tokens, logprob_tokens=min(chunk, response_tokens) if chunk else response_tokens,
+        generation_batch=ro.generation_batch_size, sequence_tokens=sequence, reference=cfg.algorithm.kl_coef > 0,
+        world_size=max(1, r.nodes * r.ranks_per_node), ranks_per_node=r.ranks_per_node, cpus_per_rank=r.cpus_per_task,
+        eval_slot_gb=cfg.evaluator.memory_limit_gb if cfg.evaluator.resolved_backend() == "cuda" else 0.0,
+    )
+
+
+def estimate(x: MemoryLayout) -> MemoryEstimate:
+    """Memory per GPU and host memory per node (docs/scaling.md gives each formula)."""
+    p = x.params_b * 1e9
+    w = x.world_size
+    if x.sharded:
+        # mixed precision: bf16 parameters and gradients, fp32 master weights and Adam's two moments
+        a = 2 if x.bf16 else 4
+        params, grads, optim = a * p, a * p, 12 * p
+        params_shards = w if x.zero_stage == 3 else 1
+        gpu_params = 0.0 if x.offload_params == "cpu" else params / params_shards
+        gpu_optim = 0.0 if x.offload_optimizer == "cpu" else optim / w
+        gpu_grads = grads / w
+        host_offload = ((optim + 4 * p) / w if x.offload_optimizer == "cpu" else 0.0) \
+            + (params / w if x.offload_params == "cpu" else 0.0)
+        reference = (a * p / params_shards) if x.reference else 0.0
+        # ZeRO-3 trains a partitioned copy; the generator samples from a whole one in model.dtype (under ZeRO-2
+        # the engine trains the generator's own model: its weights are the ones counted above)
+        generator = BYTES[x.dtype] * p if x.zero_stage == 3 else 0.0
+        shards = w
+        if x.zero_stage == 3:
+            # the layer being computed and the one prefetched, gathered in full (the embedding the largest)
+            layer = max((p - 2 * x.vocab * x.hidden) / max(1, x.layers), x.vocab * x.hidden)
+            buffers = 2 * layer * a
+        else:
+            buffers = ZERO2_BUCKETS_GB * GB
+        load = CHECKPOINT_SHARD_GB * GB if x.zero_stage == 3 else a * p
+    else:
+        # the single-process learner: everything in model.dtype, AdamW's two moments in that dtype too
+        a = BYTES[x.dtype]
+        gpu_params, gpu_grads, gpu_optim = a * p, a * p, 2 * a * p
+        reference = a * p if x.reference else 0.0
+        host_offload, buffers, shards, load, generator = 0.0, 0.0, 1, a * p, 0.0
+    act = _activation_bytes(x, a)
+    # log-probs of the kept tokens: bf16 logits, their fp32 copy, the tempered logits, the log-softmax and the
+    # gradient of the logits (16 bytes per vocabulary entry)
+    logprobs = x.logprob_tokens * x.vocab * (16 if a == 2 else 20)
+    kv = x.generation_batch * x.sequence_tokens * x.layers * 2 * x.kv_dim * a if x.kv_dim and x.layers else 0.0
+    runtime = CUDA_CONTEXT_GB + (NCCL_GB if w > 1 else 0.0)
+    ranks = x.ranks_per_node
+    return MemoryEstimate(
+        weights_gb=gpu_params / GB, gradients_gb=gpu_grads / GB, optimizer_gb=gpu_optim / GB, reference_gb=reference / GB,
+        generator_gb=generator / GB,
+        activations_gb=act / GB, logprobs_gb=logprobs / GB, buffers_gb=buffers / GB, kv_cache_gb=kv / GB,
+        vllm_gb=x.vllm_gb, runtime_gb=runtime, shards=shards,
+        host_offload_gb=ranks * host_offload / GB, host_processes_gb=ranks * RANK_PROCESS_GB,
+        host_load_gb=ranks * load / GB,
+        host_evaluator_gb=ranks * (x.cpus_per_rank * COMPILE_WORKER_GB + x.eval_slot_gb),
+    )
 
 
 def estimate_memory(cfg: TrainConfig) -> MemoryEstimate:
-    m = cfg.model
-    if m.dtype not in BYTES:
-        raise ResourceError(f"model.dtype={m.dtype!r}: expected one of {', '.join(BYTES)}")
-    b = BYTES[m.dtype]
-    weights = m.params_b * 1e9 * b / GB
-    gpus = max(1, cfg.resources.nodes * cfg.resources.gpus_per_node)
-    shards = gpus if cfg.trainer.backend in SHARDING_TRAINERS else 1
-    kv = 0.0
-    if m.layers and m.kv_heads and m.head_dim:
-        tokens = cfg.rollout.generation_batch_size * (cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens)
-        kv = tokens * m.layers * 2 * m.kv_heads * m.head_dim * b / GB
-    return MemoryEstimate(weights, weights, 2 * weights, weights if cfg.algorithm.kl_coef > 0 else 0.0, kv, shards)
+    return estimate(layout_of(cfg))
+
+
+def _activation_bytes(x: MemoryLayout, a: int) -> float:
+    """Saved activations of one micro-batch. A decoder layer keeps, per token, its two norms' inputs and outputs
+    (4h), q and the attention output (2h), k and v (2 kv_dim), and the MLP's gate, up, activation and product
+    (4 x intermediate). With checkpointing only each layer's input stays (h per layer), and one layer's full set
+    exists while it is recomputed."""
+    if not (x.hidden and x.layers):
+        return 0.0
+    layer = 6 * x.hidden + 2 * x.kv_dim + 4 * x.intermediate
+    per_token = (x.hidden * x.layers + layer) if x.activation_checkpointing else layer * x.layers
+    return x.micro_batch_tokens * per_token * a
+
+
+def _budget(cfg: TrainConfig) -> float:
+    return cfg.resources.gpu_memory_gb * cfg.resources.max_memory_fraction
+
+
+def candidate_changes(x: MemoryLayout) -> list[tuple[str, dict[str, Any]]]:
+    """Changes that lower the per-GPU estimate, the ones that cost least (in speed, or in GPUs) first."""
+    steps: list[tuple[str, dict[str, Any]]] = []
+    if not x.sharded:
+        steps.append(("trainer.backend=deepspeed (ZeRO-3)", {"backend": "deepspeed", "zero_stage": 3}))
+    elif x.zero_stage == 2:
+        steps.append(("trainer.zero_stage=3", {"zero_stage": 3}))
+    if not x.activation_checkpointing:
+        steps.append(("trainer.activation_checkpointing=true", {"activation_checkpointing": True}))
+    if x.logprob_tokens > 1024:
+        steps.append(("trainer.logprob_chunk_tokens=1024", {"logprob_tokens": 1024}))
+    tokens = x.micro_batch_tokens // 2
+    while tokens >= 2048:
+        steps.append((f"trainer.micro_batch_tokens={tokens}", {"micro_batch_tokens": tokens}))
+        tokens //= 2
+    batch = x.generation_batch // 2
+    while batch >= 1:
+        steps.append((f"rollout.generation_batch_size={batch}", {"generation_batch": batch}))
+        batch //= 2
+    steps.append(("trainer.offload_optimizer=cpu", {"offload_optimizer": "cpu"}))
+    steps.append(("trainer.offload_params=cpu", {"offload_params": "cpu", "zero_stage": 3}))
+    per_node = max(1, x.ranks_per_node)
+    nodes = x.world_size // per_node
+    for more in range(nodes + 1, nodes + 9):
+        steps.append((f"resources.nodes={more} ({more * per_node} GPUs)", {"world_size": more * per_node}))
+    return steps
+
+
+def fixes_for(x: MemoryLayout, gpu_budget_gb: float) -> list[str]:
+    """The single changes that bring the per-GPU estimate under the budget, each with its estimate; where no
+    single change does, the first combination of them (in ``candidate_changes``' order) that does."""
+    def with_changes(changes: dict[str, Any]) -> MemoryLayout:
+        y = dataclasses.replace(x, **changes)
+        return dataclasses.replace(y, logprob_tokens=min(y.logprob_tokens, y.micro_batch_tokens))
+
+    steps = candidate_changes(x)
+    singles = []
+    for label, changes in steps:
+        gb = estimate(with_changes(changes)).per_gpu_gb
+        if gb <= gpu_budget_gb and not any(label.split("=")[0] == s.split("=")[0] for s in singles):
+            singles.append(f"{label} (about {gb:.0f} GB per GPU)")
+    if singles:
+        return singles
+    # combined: the memory-saving settings first, then more GPUs, then smaller batches
+    order = ("trainer.backend", "trainer.zero_stage", "trainer.activation_checkpointing", "trainer.logprob_chunk_tokens",
+             "trainer.offload_optimizer", "trainer.offload_params", "resources.nodes", "trainer.micro_batch_tokens",
+             "rollout.generation_batch_size")
+    chosen: list[tuple[str, dict[str, Any]]] = []
+
+    def combined(steps_: list[tuple[str, dict[str, Any]]]) -> float:
+        merged: dict[str, Any] = {}
+        for _, changes in steps_:
+            merged.update(changes)
+        return estimate(with_changes(merged)).per_gpu_gb
+
+    for label, changes in sorted(steps, key=lambda step: order.index(step[0].split("=")[0])):
+        key = label.split("=")[0]
+        chosen = [c for c in chosen if c[0].split("=")[0] != key] + [(label, changes)]
+        if combined(chosen) <= gpu_budget_gb:
+            # drop what the combination does not need, the last added first
+            for step in list(reversed(chosen)):
+                rest = [c for c in chosen if c is not step]
+                if combined(rest) <= gpu_budget_gb:
+                    chosen = rest
+            return [" ".join(lb for lb, _ in chosen) + f" together (about {combined(chosen):.0f} GB per GPU)"]
+    return []
 
 
 def check_resources(cfg: TrainConfig) -> MemoryEstimate:
-    """Raises ResourceError naming the numbers and the fix when the estimate does not fit one GPU."""
-    est = estimate_memory(cfg)
+    """Raises ResourceError naming the numbers and the fixes when the estimate does not fit one GPU or the
+    node's host memory."""
+    x = layout_of(cfg)
+    est = estimate(x)
     r = cfg.resources
-    budget = r.gpu_memory_gb * r.max_memory_fraction
-    if not r.check or est.per_gpu_gb <= budget:
+    budget = _budget(cfg)
+    if not r.check:
         return est
-    gpus = r.nodes * r.gpus_per_node
-    fixed = est.weights_gb + est.gradients_gb + est.optimizer_gb + est.reference_gb
-    lines = [
-        f"model={cfg.model.name} ({cfg.model.params_b:g}B params, {cfg.model.dtype}) does not fit the requested GPUs: "
-        f"about {est.per_gpu_gb:.0f} GB per GPU against {budget:.0f} GB usable "
-        f"({r.max_memory_fraction:.0%} of resources.gpu_memory_gb={r.gpu_memory_gb:g}) on {gpus} GPU(s).",
-        f"  weights {est.weights_gb:.1f} GB + gradients {est.gradients_gb:.1f} GB + AdamW states {est.optimizer_gb:.1f} GB"
-        + (f" + KL reference {est.reference_gb:.1f} GB" if est.reference_gb else "")
-        + (f", divided over {est.shards} GPUs (trainer.backend={cfg.trainer.backend})" if est.shards > 1
-           else f", all on one GPU (trainer.backend={cfg.trainer.backend} does not shard)")
-        + f"; rollout KV cache {est.kv_cache_gb:.1f} GB (rollout.generation_batch_size="
-          f"{cfg.rollout.generation_batch_size} x {cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens} tokens).",
-    ]
-    fixes = []
-    if est.kv_cache_gb > budget / 2:
-        fixes.append("lower rollout.generation_batch_size")
-    if est.shards == 1 and fixed > budget:
-        fixes.append("a sharding trainer (ZeRO-3 via trainer.backend=deepspeed) over enough GPUs, or a smaller model "
-                     "(model=7b, model=smollm2_135m)")
-    elif est.shards > 1:
-        need = int(fixed // max(1e-9, budget - est.kv_cache_gb)) + 1
-        fixes.append(f"at least {need} GPUs (resources.nodes x resources.gpus_per_node)")
-    fixes.append("larger GPUs (resources.gpu_memory_gb), or resources.check=false to launch anyway")
-    lines.append("  fix: " + "; or ".join(fixes))
-    raise ResourceError("\n".join(lines))
+    problems = []
+    if est.per_gpu_gb > budget:
+        fixes = fixes_for(x, budget) + [
+            "larger GPUs (resources.gpu_memory_gb), or resources.check=false to launch anyway"]
+        problems.append(
+            f"model={cfg.model.name} ({cfg.model.params_b:g}B params, {cfg.model.dtype}) does not fit the requested GPUs: "
+            f"about {est.per_gpu_gb:.0f} GB per GPU against {budget:.0f} GB usable "
+            f"({r.max_memory_fraction:.0%} of resources.gpu_memory_gb={r.gpu_memory_gb:g}) on {x.world_size} GPU(s).\n"
+            f"  {breakdown(x, est)}\n  fix: " + "; or ".join(fixes))
+    if est.host_per_node_gb > r.mem_gb:
+        problems.append(
+            f"the host memory of one node does not fit: about {est.host_per_node_gb:.0f} GB against resources.mem_gb="
+            f"{r.mem_gb} ({x.ranks_per_node} ranks: offloaded states {est.host_offload_gb:.0f} GB, model loading "
+            f"{est.host_load_gb:.0f} GB, processes {est.host_processes_gb:.0f} GB, evaluator {est.host_evaluator_gb:.0f} GB).\n"
+            "  fix: more host memory (resources.mem_gb), no offload (trainer.offload_optimizer=none), fewer cores per "
+            "rank for compiles (resources.cpus_per_task), or more nodes (resources.nodes)")
+    if problems:
+        raise ResourceError("\n".join(problems))
+    return est
+
+
+def breakdown(x: MemoryLayout, est: MemoryEstimate) -> str:
+    where = (f"ZeRO-{x.zero_stage} over {est.shards} GPUs (trainer.backend={x.backend})" if x.sharded
+             else f"all on one GPU (trainer.backend={x.backend} does not shard)")
+    parts = [f"weights {est.weights_gb:.1f} GB", f"gradients {est.gradients_gb:.1f} GB",
+             f"AdamW states {est.optimizer_gb:.1f} GB"] + ([f"KL reference {est.reference_gb:.1f} GB"] if est.reference_gb else []) \
+        + ([f"the generator's whole model {est.generator_gb:.1f} GB"] if est.generator_gb else [])
+    return (" + ".join(parts) + f", {where}; activations {est.activations_gb:.1f} GB "
+            f"({x.micro_batch_tokens} tokens, checkpointing {'on' if x.activation_checkpointing else 'off'}) + log-probs "
+            f"{est.logprobs_gb:.1f} GB ({x.logprob_tokens} tokens) or rollout KV cache {est.kv_cache_gb:.1f} GB "
+            f"(rollout.generation_batch_size={x.generation_batch} x {x.sequence_tokens} tokens); buffers "
+            f"{est.buffers_gb:.1f} GB; CUDA/NCCL {est.runtime_gb:.1f} GB.")
+
+
+def report_lines(x: MemoryLayout, est: MemoryEstimate, gpu_memory_gb: float, fraction: float, mem_gb: float) -> list[str]:
+    rows = [("weights", est.weights_gb), ("gradients", est.gradients_gb), ("optimizer states", est.optimizer_gb),
+            ("KL reference", est.reference_gb), ("generator's whole model", est.generator_gb),
+            ("ZeRO buffers", est.buffers_gb), ("CUDA context + NCCL", est.runtime_gb),
+            (f"activations ({x.micro_batch_tokens} tokens)", est.activations_gb),
+            (f"log-prob buffers ({x.logprob_tokens} tokens)", est.logprobs_gb),
+            (f"rollout KV cache ({x.generation_batch} x {x.sequence_tokens})", est.kv_cache_gb), ("vLLM share", est.vllm_gb)]
+    where = f"ZeRO-{x.zero_stage}" if x.sharded else "one process"
+    lines = [f"model={x.model} ({x.params_b:g}B) trainer.backend={x.backend} ({where}, offload optimizer "
+             f"{x.offload_optimizer}, params {x.offload_params}) on {x.world_size} GPU(s), {x.ranks_per_node} per node",
+             "per GPU:"]
+    lines += [f"  {name:<44} {gb:8.1f} GB" for name, gb in rows]
+    budget = gpu_memory_gb * fraction
+    lines.append(f"  {'peak (states + max(train, generate))':<44} {est.per_gpu_gb:8.1f} GB   of {budget:.0f} GB usable "
+                 f"({fraction:.0%} of {gpu_memory_gb:g}): {'fits' if est.per_gpu_gb <= budget else 'DOES NOT FIT'}")
+    lines += ["host per node:",
+              f"  {'offloaded states':<44} {est.host_offload_gb:8.1f} GB",
+              f"  {'model loading (peak, before offload)':<44} {est.host_load_gb:8.1f} GB",
+              f"  {'rank processes':<44} {est.host_processes_gb:8.1f} GB",
+              f"  {'evaluator (compilers, run slots)':<44} {est.host_evaluator_gb:8.1f} GB",
+              f"  {'peak':<44} {est.host_per_node_gb:8.1f} GB   of {mem_gb:g} GB: "
+              f"{'fits' if est.host_per_node_gb <= mem_gb else 'DOES NOT FIT'}"]
+    return lines
 
 
 def uses_gpu(cfg: TrainConfig) -> bool:
@@ -100,3 +372,74 @@ def uses_gpu(cfg: TrainConfig) -> bool:
 
         return torch.cuda.is_available()
     return cfg.trainer.device.startswith("cuda")
+
+
+# the sharding trainer's settings: read from the config where it has them, else given to the layout directly
+LAYOUT_KEYS = {"trainer.backend": "backend", "trainer.zero_stage": "zero_stage",
+               "trainer.offload_optimizer": "offload_optimizer", "trainer.offload_params": "offload_params",
+               "trainer.bf16": "bf16", "trainer.activation_checkpointing": "activation_checkpointing",
+               "trainer.micro_batch_tokens": "micro_batch_tokens", "trainer.logprob_chunk_tokens": "logprob_tokens"}
+
+
+def _parse(value: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(value)
+
+
+def layout_for(overrides: list[str]) -> tuple[MemoryLayout, TrainConfig]:
+    """The layout ``python -m kevin_exp.train <overrides>`` would run with. Trainer settings the installed
+    trainer schema does not know yet (the sharding trainer's) apply to the layout directly."""
+    from kevin_exp.config import TrainerConfig
+    from kevin_exp.preflight import Composer
+
+    known = {f.name for f in dataclasses.fields(TrainerConfig)}
+    backend_field = {f.name: f for f in dataclasses.fields(TrainerConfig)}["backend"]
+    implemented = backend_field.metadata.get("options", ())
+    direct: dict[str, Any] = {}
+    composed = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        name = key.split(".", 1)[-1]
+        if key in LAYOUT_KEYS and (name not in known or (name == "backend" and value not in implemented)):
+            direct[LAYOUT_KEYS[key]] = _parse(value)
+        else:
+            composed.append(o)
+    if not any(o.split("=", 1)[0] in ("tasks", "tasks.suite") for o in composed):
+        composed.append("tasks=builtin")  # memory does not depend on the tasks: no KernelBench checkout needed
+    from kevin_exp.config import to_typed
+
+    cfg = Composer("train").compose([*composed, "run_dir=unused"])
+    typed = to_typed(cfg, overrides=composed)
+    x = layout_of(typed)
+    if "logprob_tokens" in direct:
+        direct["logprob_tokens"] = min(int(direct["logprob_tokens"]), x.logprob_tokens)
+    if "micro_batch_tokens" in direct and "logprob_tokens" not in direct:
+        direct["logprob_tokens"] = min(x.logprob_tokens, int(direct["micro_batch_tokens"]))
+    return dataclasses.replace(x, **direct), typed
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m kevin_exp.resources <train overrides>``: the estimate of one configuration, term by term."""
+    from kevin_exp.config import register_configs
+    from kevin_exp.errors import user_errors
+    from kevin_exp.hydra_resolvers import register_resolvers
+
+    register_configs()
+    register_resolvers()
+    with user_errors():
+        x, cfg = layout_for(list(sys.argv[1:] if argv is None else argv))
+        est = estimate(x)
+        r = cfg.resources
+        print("\n".join(report_lines(x, est, r.gpu_memory_gb, r.max_memory_fraction, r.mem_gb)))
+        budget = r.gpu_memory_gb * r.max_memory_fraction
+        if est.per_gpu_gb > budget:
+            print("fits with: " + ("; or ".join(fixes_for(x, budget)) or "none of the changes tried"))
+        from kevin_exp.config import world_size_problems
+
+        for problem in world_size_problems(cfg, x.world_size):
+            print(f"also needed on {x.world_size} ranks: {problem}")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,7 @@ folder's records (turns, metrics, transcripts, provenance, the metric logger).""
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,9 @@ import numpy as np
 import torch
 
 from kevin_exp.config import TrainConfig
-from kevin_exp.metric_logger import MetricLogger, build_metric_logger
+from kevin_exp.distributed import DistContext, context_from_env
+from kevin_exp.launch import joined_ranks
+from kevin_exp.metric_logger import MetricLogger, RecordsOnly, build_metric_logger
 from kevin_exp.models import Policy, chat_prompt_ids, load_policy
 from kevin_exp.records import RunRecords, run_id_for
 from kevin_exp.rollout.env import Environment
@@ -29,24 +32,65 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class RankRecords(RunRecords):
+    """The records as a rank other than 0 sees them: it reads what is there (so every rank decides a resume
+    alike) and writes nothing; rank 0 writes the run's rows once."""
+
+    def resume_at(self, last_done_step: int) -> int:
+        return 0
+
+    def open(self) -> None:
+        pass
+
+    def append_turns(self, rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        pass
+
+    def write_provenance(self, resolved_config: dict[str, Any], config_yaml: str, start_step: int = 0) -> None:
+        pass
+
+
+class RankTranscripts(TranscriptWriter):
+    """Transcripts on a rank other than 0: nothing is written or deleted."""
+
+    def append(self, step: int, rows: Any) -> None:
+        pass
+
+    def resume_at(self, last_done_step: int) -> list[int]:
+        return []
+
+    def discard(self, step: int) -> None:
+        pass
+
+
 @dataclass
 class RunFolder:
-    """Where a run's records go; opened before the model loads so a resume can be refused early."""
+    """Where a run's records go; opened before the model loads so a resume can be refused early. In a run of
+    several ranks only rank 0 writes to it (``main``)."""
 
     path: Path
     run_id: str
     records: RunRecords
     transcripts: TranscriptWriter
+    main: bool = True
 
     @classmethod
-    def at(cls, run_dir: str | Path) -> "RunFolder":
+    def at(cls, run_dir: str | Path, ctx: DistContext | None = None) -> "RunFolder":
+        ctx = ctx or context_from_env()
         path = Path(run_dir).resolve()
         path.mkdir(parents=True, exist_ok=True)
+        if not ctx.is_main:
+            return cls(path, run_id_for(path), RankRecords(path), RankTranscripts(path), main=False)
         return cls(path, run_id_for(path), RunRecords(path), TranscriptWriter(path))
 
     def open(self, cfg: TrainConfig, start_step: int) -> None:
+        if not self.main:
+            return
         resolved = provenance_config(cfg)
         self.records.write_provenance(resolved, yaml_of(resolved), start_step)
+        record_ranks(self.path)
         self.records.open()
 
     def close(self) -> None:
@@ -82,8 +126,21 @@ def build_policy_parts(cfg: TrainConfig, evaluation: bool = False) -> PolicyPart
 
 
 def build_logger(cfg: TrainConfig, folder: RunFolder, sweep: str | None) -> MetricLogger:
+    if not folder.main:
+        return RecordsOnly()  # one W&B run per run, rank 0's
     return build_metric_logger(cfg.logger, folder.path, folder.run_id, experiment=cfg.experiment, sweep=sweep,
                                config=provenance_config(cfg))
+
+
+def record_ranks(run_dir: Path) -> None:
+    """The ranks that joined the run, in this start's entry of meta.json (nothing for a run of one process)."""
+    ranks = joined_ranks()
+    if not ranks:
+        return
+    meta_path = run_dir / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["starts"][-1].update(world_size=len(ranks), ranks=ranks)
+    meta_path.write_text(json.dumps(meta, indent=1, default=str))
 
 
 def provenance_config(cfg: TrainConfig) -> dict[str, Any]:

@@ -69,7 +69,11 @@ def headline_lines(run_dir: Path, cfg: TrainConfig) -> list[str]:
 
 
 def print_summary(run_dir: Path, cfg: TrainConfig) -> float:
-    """Prints the summary; returns the last step's mean reward (the value a Hydra sweeper would optimise)."""
-    print("\n".join(summary_lines(run_dir) + headline_lines(run_dir, cfg)), flush=True)
+    """Prints the summary (rank 0 of a run of several ranks); returns the last step's mean reward (the value a
+    Hydra sweeper would optimise)."""
+    from kevin_exp.distributed import context_from_env
+
+    if context_from_env().is_main:
+        print("\n".join(summary_lines(run_dir) + headline_lines(run_dir, cfg)), flush=True)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     return float(metrics[-1]["reward_mean"]) if metrics else 0.0

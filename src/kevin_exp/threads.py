@@ -23,9 +23,23 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def thread_count(resources: ResourcesConfig) -> int:
-    """The job's share of the cores: ``resources.cpus_per_task``, at most the cores it may run on."""
-    return max(1, min(resources.cpus_per_task, usable_cores()))
+def local_ranks_sharing_cores(env: dict[str, str] | None = None) -> int:
+    """How many ranks of this node run on the same cores as this one: all the node's ranks (LOCAL_WORLD_SIZE),
+    unless SLURM bound each task to cores of its own (a task/affinity or task/cgroup binding)."""
+    env = os.environ if env is None else env
+    ranks = int(env.get("LOCAL_WORLD_SIZE", "1"))
+    bind = env.get("SLURM_CPU_BIND_TYPE", "").strip(" ,")
+    if bind and bind != "none" and env.get("SLURM_CPU_BIND_LIST"):
+        return 1
+    return max(1, ranks)
+
+
+def thread_count(resources: ResourcesConfig, env: dict[str, str] | None = None) -> int:
+    """The job's (one rank's) share of the cores: ``resources.cpus_per_task``, at most the cores it may run on
+    divided among the node's ranks that share them, so the ranks of one node (their threads, compilers and
+    workers) together use about the node's cores and no more."""
+    share = usable_cores() // local_ranks_sharing_cores(env)
+    return max(1, min(resources.cpus_per_task, share))
 
 
 def apply_thread_limits(resources: ResourcesConfig) -> int:

@@ -93,9 +93,8 @@ def build_environment(cfg: TrainConfig, vocab_size: int):
         raise ValueError(f"rollout.env={cfg.rollout.env!r}: expected kernel or synthetic")
     from kevin_exp.bench.evaluator import Evaluator
 
-    # the ranks of a node share its cores
-    cpus = max(1, thread_count(cfg.resources) // context_from_env().local_world_size)
+    # this rank's share of the node's cores (thread_count splits them among the node's ranks)
     with rank_gpu_visible():
-        evaluator = Evaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=cpus))
+        evaluator = Evaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=thread_count(cfg.resources)))
     weights = ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight)
     return KernelEnv(evaluator, weights)

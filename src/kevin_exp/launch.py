@@ -1,0 +1,177 @@
+"""One process per GPU: starting a run's ranks and joining them into one process group.
+
+A run asks for ``resources.nodes x resources.ranks_per_node`` ranks (one per GPU; CPU ranks on a node without
+GPUs). Who starts them depends on how the job was launched:
+
+- ``python -m kevin_exp.train resources=h200x8``: no launcher has set ``RANK``, so the Hydra job of each point
+  starts its ranks itself through torch's elastic launcher API (``spawn_local_ranks``); every rank runs the same
+  command as an ordinary Hydra job whose folder is the point's (``hydra.run.dir``), and the starting process only
+  waits for them;
+- ``torchrun --nproc_per_node N -m kevin_exp.train ...``: torchrun has set ``RANK``/``WORLD_SIZE``; nothing is
+  started again, and the run records the world torchrun gave it;
+- ``cluster=<SLURM profile>``: submitit starts ``tasks_per_node`` tasks per node (one per rank) that each run the
+  Hydra job; ``rank_env_from_slurm`` exports the rank, the world and the master address from SLURM's task
+  (submitit's ``TorchDistributedEnvironment``) without hiding the other GPUs: a rank's GPU is ``cuda:LOCAL_RANK``.
+
+Every rank then joins the process group (``join_run``: gloo on CPU, nccl on GPU) before the run is built.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kevin_exp.config import TrainConfig, world_size_problems
+from kevin_exp.distributed import DistContext, context_from_env, init_process_group
+from kevin_exp.errors import UserError
+
+_joined: list[dict[str, Any]] = []
+
+
+class LaunchError(UserError):
+    pass
+
+
+def launched_ranks(env: dict[str, str] | None = None) -> bool:
+    """A launcher (torchrun, the elastic launcher, submitit via ``rank_env_from_slurm``) has placed this
+    process in a world: nothing must be started again."""
+    env = os.environ if env is None else env
+    return "RANK" in env and "WORLD_SIZE" in env
+
+
+def rank_env_from_slurm() -> bool:
+    """In a SLURM job of several tasks started by submitit: export RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT for this task. Returns whether it did."""
+    if launched_ranks() or os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return False
+    if int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return False
+    from submitit.helpers import TorchDistributedEnvironment
+
+    # set_cuda_visible_devices=True would hide the other GPUs while LOCAL_RANK kept its value, and a rank
+    # uses cuda:LOCAL_RANK
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    return True
+
+
+def wants_local_spawn(cfg: TrainConfig, cluster_launch: bool) -> bool:
+    """This Hydra job must start the run's ranks itself: more than one asked for, none started by a launcher."""
+    if launched_ranks() or cluster_launch or cfg.resources.world_size == 1:
+        return False
+    if cfg.resources.nodes > 1:
+        raise LaunchError(
+            f"resources.nodes={cfg.resources.nodes}: a run of several nodes starts its ranks through a cluster "
+            "launch (cluster=<SLURM profile>) or `torchrun --nnodes ...` on each node; this command starts ranks "
+            "on this machine only (resources.nodes=1)")
+    return True
+
+
+def spawn_local_ranks(cfg: TrainConfig, overrides: list[str], run_dir: str, module: str = "kevin_exp.train") -> None:
+    """Starts ``resources.ranks_per_node`` ranks on this machine through torch's elastic launcher, each running
+    ``python -m <module> <overrides>`` as a Hydra job in ``run_dir``, and waits for them. A rank that fails
+    stops the others; its exit status is this job's."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    n = cfg.resources.ranks_per_node
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=f"kevin-exp-{uuid.uuid4().hex[:12]}",
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2)
+    args = ["-m", module, *overrides, f"hydra.run.dir={run_dir}"]
+    print(f"starting {n} ranks: {' '.join(overrides) or 'no overrides'} -> {run_dir}", flush=True)
+    try:
+        elastic_launch(config, entrypoint=sys.executable)(*args)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        print(f"rank {rank} of {n} failed (exit status {failure.exitcode}); the other ranks were stopped",
+              file=sys.stderr, flush=True)
+        raise SystemExit(failure.exitcode if failure.exitcode > 0 else 1) from None
+
+
+def as_launched(cfg: TrainConfig, ctx: DistContext) -> TrainConfig:
+    """The config with the world the launcher actually started (torchrun may start another number of ranks
+    than the resources ask for): the records carry what the run used."""
+    r = cfg.resources
+    if ctx.world_size == r.world_size and ctx.local_world_size == r.ranks_per_node:
+        return cfg
+    nodes = max(1, ctx.world_size // max(1, ctx.local_world_size))
+    gpus = max(r.gpus_per_node, ctx.local_world_size) if r.gpus_per_node else 0
+    if ctx.is_main:
+        print(f"the launcher started {ctx.world_size} ranks ({nodes} node(s) x {ctx.local_world_size}); "
+              f"resources asked for {r.world_size}: recording resources.nodes={nodes} "
+              f"resources.ranks_per_node={ctx.local_world_size}", flush=True)
+    return dataclasses.replace(cfg, resources=dataclasses.replace(r, nodes=nodes, ranks_per_node=ctx.local_world_size,
+                                                                  gpus_per_node=gpus))
+
+
+def dist_timeout_s(cfg: TrainConfig) -> float:
+    """The trainer's own timeout for collectives where it has one, else the resources'."""
+    return float(getattr(cfg.trainer, "dist_timeout_s", None) or cfg.resources.dist_timeout_s)
+
+
+def uses_cuda(cfg: TrainConfig) -> bool:
+    import torch
+
+    device = cfg.trainer.device
+    return torch.cuda.is_available() and (device == "auto" or device.startswith("cuda"))
+
+
+def join_run(cfg: TrainConfig, ctx: DistContext | None = None) -> DistContext:
+    """Joins the run's process group (a no-op for one rank): nccl with this rank's GPU selected
+    (``cuda:LOCAL_RANK``) on a GPU, gloo otherwise. Every rank then tells the others where it runs; rank 0
+    records that list (``joined_ranks``)."""
+    import torch
+
+    ctx = ctx or context_from_env()
+    _joined.clear()
+    me = {"rank": ctx.rank, "local_rank": ctx.local_rank, "host": socket.gethostname(), "pid": os.getpid()}
+    if not ctx.distributed:
+        return ctx
+    cuda = uses_cuda(cfg)
+    if cuda:
+        from kevin_exp.trainer.setup import resolve_device
+
+        device = resolve_device(cfg.trainer.device)  # the trainer's choice of this rank's GPU
+        torch.cuda.set_device(device)
+        me["device"] = str(device)
+    init_process_group(ctx, "nccl" if cuda else "gloo", dist_timeout_s(cfg))
+    gathered: list[Any] = [None] * ctx.world_size
+    torch.distributed.all_gather_object(gathered, me)
+    _joined.extend(gathered)
+    return ctx
+
+
+def joined_ranks() -> list[dict[str, Any]]:
+    """The ranks that joined this process's run (empty for a run of one process)."""
+    return list(_joined)
+
+
+def leave_run() -> None:
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    _joined.clear()
+
+
+def check_trainer_for_ranks(cfg: TrainConfig) -> None:
+    """What the run's ranks (the launcher's, or those the resources ask for) cannot run with these settings (a
+    trainer that spreads over ranks, whole tasks per rank), refused before any rank is started."""
+    r = cfg.resources
+    world = context_from_env().world_size if launched_ranks() else r.world_size
+    problems = world_size_problems(cfg, world)
+    if problems:
+        who = (f"the launcher started {world} ranks" if launched_ranks() else
+               f"resources ask for {world} ranks ({r.nodes} node(s) x resources.ranks_per_node={r.ranks_per_node})")
+        raise LaunchError(f"{who}: " + "; ".join(problems))
+
+
+def final_reward(run_dir: str | Path) -> float:
+    """The last step's mean reward, the value a sweeper optimises (0 before any step)."""
+    from kevin_exp.records import read_jsonl
+
+    metrics = read_jsonl(Path(run_dir) / "metrics.jsonl")
+    return float(metrics[-1]["reward_mean"]) if metrics else 0.0
