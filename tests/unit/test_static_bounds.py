@@ -30,6 +30,10 @@ FIXTURE_RULES = {
     "cpu/fork_bomb.py": {"no_concurrency": False},
     "cpu/orphan_child.py": {"no_concurrency": False},
     "cuda/side_stream.py": {"no_concurrency": False},
+    # attacks on the evaluator's design, run with the rules that would refuse them off (test_evaluator_protocol.py)
+    "cpu/import_marker.py": {"restrict_imports": False},
+    "cpu/precompute_from_seed.py": {"no_timing_patch": False, "no_torch_compute": False, "restrict_imports": False},
+    "cpu/slow_reference_patch.py": {"no_timing_patch": False, "no_torch_compute": False, "restrict_imports": False},
 }
 FIXTURE_REFUSED = {"cpu/build_flag_wrapper.py": "build_flags"}
 HONEST = sorted([*ROOT.glob("src/kevin_exp/tasks/builtin/solutions/*/*/*.py"), *ROOT.glob("tests/fixtures/c*/*.py")])
