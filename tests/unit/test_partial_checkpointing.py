@@ -1,6 +1,8 @@
 """trainer.checkpoint_layers: which decoder layers stay checkpointed, and that the gradients do not change."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -73,3 +75,15 @@ def test_out_of_range_and_without_checkpointing_are_refused():
     assert any("checkpoint_layers" in p for p in check_settings(TrainerConfig(checkpoint_layers=1.5)))
     off = TrainerConfig(backend="deepspeed", activation_checkpointing=False, checkpoint_layers=0.5)
     assert any("activation_checkpointing=false" in p for p in check_settings(off))
+
+
+def test_the_memory_estimate_counts_the_layers_left_out():
+    from kevin_exp.resources import MemoryLayout, _activation_bytes
+
+    x = MemoryLayout(model="m", params_b=3.0, layers=36, hidden=2048, intermediate=11008, vocab=151936, kv_dim=256,
+                     dtype="bfloat16", backend="deepspeed", micro_batch_tokens=4096)
+    full = _activation_bytes(x, 2)
+    half = _activation_bytes(dataclasses.replace(x, checkpoint_layers=0.5), 2)
+    none = _activation_bytes(dataclasses.replace(x, activation_checkpointing=False), 2)
+    assert full < half < none
+    assert _activation_bytes(dataclasses.replace(x, checkpoint_layers=0.0), 2) == none
