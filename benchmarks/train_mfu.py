@@ -10,16 +10,23 @@ scores them (``kevin_exp.trainer.logprobs.response_logprobs``: decoder -> output
 log-softmax -> target token, each chunk recomputed in the backward pass; then the clipped surrogate loss),
 through a DeepSpeed engine built from the config ``trainer=deepspeed`` generates.
 
-For each configuration of a small grid (micro-batch sizes, activation checkpointing on/off, optimizer
-offload none/cpu, ZeRO-3 parameter persistence), in its own process so an OOM or a crash costs only that
-configuration, it measures:
+For each configuration of a small grid (micro-batch sizes, the share of decoder layers checkpointed --
+``trainer.checkpoint_layers``, 0 for none --, optimizer offload none/cpu, ZeRO-3 parameter persistence), in its
+own process (with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, recorded) so an OOM or a crash costs
+only that configuration, it measures:
 - forward+backward of one micro-batch (no optimizer step; the mean of a few after a warm-up one),
 - the optimizer step: a gradient step's last micro-batch (reduction, clipping, AdamW, the updated
   parameters written back) minus one forward+backward,
 - a whole gradient step of ``--step-tokens`` tokens: accumulated micro-batches plus the optimizer step,
 and reports tokens/s, MFU = 6 x parameters x tokens / time / 989e12 (H100 SXM / H200 dense bf16 peak; the
-table in kevin_exp/trainer/throughput.py names others), the peak GPU memory and the host's peak RSS.
-Activation checkpointing recomputes the forward (8N FLOPs per token done, 6N counted), as MFU conventionally does.
+table in kevin_exp/trainer/throughput.py names others), GPU memory and the host's peak RSS.
+GPU memory: ``gpu_resident_gb`` is what is allocated before the timed micro-batches (parameters, gradients and,
+without offload, optimizer states); the peak statistics are reset there, so ``gpu_peak_gb`` / ``gpu_peak_reserved_gb``
+are the forward+backward micro-batches' own peaks (allocated / held by the allocator), and
+``gpu_step_peak_gb`` the peak of the gradient step's last micro-batch with its optimizer step (reset again before it);
+``alloc_retries`` counts the allocator's cache flushes (a sign of memory pressure).
+Activation checkpointing recomputes the forward of the checkpointed layers (up to 8N FLOPs per token done, 6N
+counted), as MFU conventionally does.
 
 The grid stops launching configurations once ``--budget-s`` is spent; the best forward+backward MFU is
 printed at the end. ``--profile`` re-runs the best configuration under torch's profiler and writes the top
@@ -51,18 +58,27 @@ PEAK_BF16 = 989e12
 PERSIST_ALL = int(1e12)
 
 
-def default_grid() -> list[dict]:
-    """Most promising first, one CPU-offload configuration early (so both kinds are measured within the budget;
-    its first run builds DeepSpeed's CPU Adam, once per machine)."""
-    def cfg(mb: int, ckpt: bool, offload: str = "none", persist: bool = False) -> dict:
-        return {"micro_batch": mb, "checkpointing": ckpt, "offload": offload, "persist": persist}
+# set in every configuration's process (before CUDA starts): fewer cache flushes under memory pressure
+ALLOC_CONF = "expandable_segments:True"
 
-    return [cfg(8, True), cfg(8, True, "cpu"), cfg(4, True), cfg(1, False), cfg(2, False), cfg(16, True),
-            cfg(8, True, persist=True), cfg(16, True, "cpu"), cfg(4, False)]
+
+def default_grid() -> list[dict]:
+    """Most promising first. CPU offload frees the optimizer states (~37 GB at 3B) for activations; a layer left
+    out of checkpointing keeps ~0.24 GB per 4,096-token sequence (from a measured micro-batch of 2 without
+    checkpointing), so at 16 sequences a quarter of the layers (9) adds ~35 GB and half of them (18) ~69 GB, on the
+    edge of 80 GB. Per micro-batch there is also a fixed cost (~1 s at 3B: mb4, mb8 and mb16 fit a + b x mb), which
+    larger micro-batches amortise and ZeRO-3 parameter persistence may remove. Offload configurations come first:
+    the first builds DeepSpeed's CPU Adam (once per machine)."""
+    def cfg(mb: int, ckpt: float, offload: str = "none", persist: bool = False) -> dict:
+        return {"micro_batch": mb, "checkpoint_layers": ckpt, "offload": offload, "persist": persist}
+
+    return [cfg(16, 0.75, "cpu"), cfg(16, 0.5, "cpu"), cfg(16, 0.75, "cpu", persist=True), cfg(24, 1.0, "cpu"),
+            cfg(8, 0.5), cfg(16, 1.0, "cpu"), cfg(24, 0.75, "cpu")]
 
 
 def name_of(c: dict) -> str:
-    return (f"mb{c['micro_batch']}_{'ckpt' if c['checkpointing'] else 'nockpt'}_offload-{c['offload']}"
+    ck = c["checkpoint_layers"]
+    return (f"mb{c['micro_batch']}_{f'ckpt{ck:g}' if ck > 0 else 'nockpt'}_offload-{c['offload']}"
             f"{'_persist' if c['persist'] else ''}")
 
 
@@ -87,6 +103,7 @@ def run_one(c: dict, args: argparse.Namespace) -> dict:
 
     from kevin_exp.config import TrainerConfig
     from kevin_exp.models.loading import _dtype_kwarg, _enable_checkpointing
+    from kevin_exp.models.partial_checkpointing import limit_checkpointing
     from kevin_exp.rl.loss import clipped_policy_loss
     from kevin_exp.trainer.ds_config import generate_deepspeed_config, merged
     from kevin_exp.trainer.logprobs import pack, response_logprobs
@@ -110,14 +127,18 @@ def run_one(c: dict, args: argparse.Namespace) -> dict:
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn, **_dtype_kwarg(dtype))
     n_params = sum(p.numel() for p in model.parameters())
-    if c["checkpointing"]:
+    checkpointed: list[int] = []
+    if c["checkpoint_layers"] > 0:
         _enable_checkpointing(model)
+        checkpointed = limit_checkpointing(model, c["checkpoint_layers"])
     model.train()
     seq, prompt_len = args.seq, args.prompt
     resp_len = seq - prompt_len
     mb = c["micro_batch"]
     trainer = TrainerConfig(backend="deepspeed", zero_stage=3, offload_optimizer=c["offload"], bf16=not smoke, lr=1e-6,
-                            grad_clip=1.0, micro_batch_tokens=mb * seq, logprob_chunk_tokens=args.chunk_tokens)
+                            grad_clip=1.0, micro_batch_tokens=mb * seq, logprob_chunk_tokens=args.chunk_tokens,
+                            activation_checkpointing=c["checkpoint_layers"] > 0,
+                            checkpoint_layers=c["checkpoint_layers"] if c["checkpoint_layers"] > 0 else 1.0)
     ds_config = generate_deepspeed_config(trainer, world_size=1)
     if c["persist"]:
         ds_config = merged(ds_config, {"zero_optimization": {"stage3_param_persistence_threshold": PERSIST_ALL}})
@@ -153,20 +174,35 @@ def run_one(c: dict, args: argparse.Namespace) -> dict:
 
     if args.profile_run:
         return profile(engine, micro, args)
+    cuda = device.type == "cuda"
     first_s = micro(False)  # warm-up: allocator, kernels' autotuning, ZeRO-3's trace
+    if cuda:
+        resident_gb = torch.cuda.memory_allocated(device) / 2**30
+        torch.cuda.reset_peak_memory_stats(device)
     fwd_bwd = [micro(False) for _ in range(args.measure)]
+    if cuda:
+        peak_gb = torch.cuda.max_memory_allocated(device) / 2**30
+        peak_reserved_gb = torch.cuda.max_memory_reserved(device) / 2**30
+        torch.cuda.reset_peak_memory_stats(device)
     boundary_s = micro(True)
+    step_peak_gb = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0.0
+    retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if cuda else 0
+    if not cuda:
+        resident_gb = peak_gb = peak_reserved_gb = 0.0
     fb = sum(fwd_bwd) / len(fwd_bwd)
     opt_s = max(0.0, boundary_s - fb)
     step_s = accumulation * fb + opt_s
     tokens = mb * seq
-    peak_gb = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
     return {
-        "status": "ok", "params": n_params, "attn": attn, "init_s": init_s, "first_micro_s": first_s,
+        "status": "ok", "params": n_params, "attn": attn, "layers_checkpointed": len(checkpointed),
+        "layers": config.num_hidden_layers, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "init_s": init_s, "first_micro_s": first_s,
         "fwd_bwd_s": fb, "fwd_bwd_tokens_per_s": tokens / fb, "fwd_bwd_mfu": 6 * n_params * tokens / fb / PEAK_BF16,
         "optimizer_step_s": opt_s, "step_tokens": accumulation * tokens, "step_s": step_s,
         "step_tokens_per_s": accumulation * tokens / step_s, "step_mfu": 6 * n_params * accumulation * tokens / step_s / PEAK_BF16,
-        "gpu_peak_gb": peak_gb, "host_rss_peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "gpu_resident_gb": resident_gb, "gpu_peak_gb": peak_gb, "gpu_peak_reserved_gb": peak_reserved_gb,
+        "gpu_step_peak_gb": step_peak_gb, "alloc_retries": retries,
+        "host_rss_peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
 
 
@@ -223,7 +259,8 @@ def launch(c: dict, args: argparse.Namespace, timeout: float, profile_run: bool 
     log = out / f"{name_of(c)}{'.profile' if profile_run else ''}.log"
     t = time.perf_counter()
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTORCH_CUDA_ALLOC_CONF": ALLOC_CONF})
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -242,8 +279,9 @@ def describe(r: dict) -> str:
         return f"{r['name']:<40} {r['status']:<8} {r.get('error', '')[:160]!r}"
     return (f"{r['name']:<40} fwd+bwd {r['fwd_bwd_s']:7.3f} s {r['fwd_bwd_tokens_per_s']:9.0f} tok/s MFU "
             f"{100 * r['fwd_bwd_mfu']:5.1f}% | opt step {r['optimizer_step_s']:6.2f} s | step of {r['step_tokens']} tok "
-            f"{r['step_tokens_per_s']:8.0f} tok/s MFU {100 * r['step_mfu']:5.1f}% | GPU {r['gpu_peak_gb']:5.1f} GB "
-            f"RSS {r['host_rss_peak_gb']:5.1f} GB")
+            f"{r['step_tokens_per_s']:8.0f} tok/s MFU {100 * r['step_mfu']:5.1f}% | GPU resident {r['gpu_resident_gb']:5.1f} "
+            f"fwd+bwd peak {r['gpu_peak_gb']:5.1f} (reserved {r['gpu_peak_reserved_gb']:5.1f}) step peak "
+            f"{r['gpu_step_peak_gb']:5.1f} GB, {r['alloc_retries']} cache flushes | RSS {r['host_rss_peak_gb']:5.1f} GB")
 
 
 def main() -> None:
@@ -268,8 +306,8 @@ def main() -> None:
         return
     grid = default_grid()
     if args.smoke:
-        grid = [{"micro_batch": 2, "checkpointing": ck, "offload": off, "persist": False}
-                for ck, off in ((True, "none"), (False, "cpu"))]
+        grid = [{"micro_batch": 2, "checkpoint_layers": ck, "offload": off, "persist": persist}
+                for ck, off, persist in ((0.5, "cpu", False), (1.0, "cpu", True), (0.0, "none", False))]
     start = time.perf_counter()
     results = []
     with open(Path(args.out) / "results.jsonl", "w") as fh:
@@ -294,7 +332,7 @@ def main() -> None:
                   f"best whole step:       {best_step['name']}: MFU {100 * best_step['step_mfu']:.1f}% "
                   f"({best_step['step_tokens_per_s']:.0f} tokens/s)"]
         if args.profile:
-            c = {k: best[k] for k in ("micro_batch", "checkpointing", "offload", "persist")}
+            c = {k: best[k] for k in ("micro_batch", "checkpoint_layers", "offload", "persist")}
             p = launch(c, args, timeout=max(120.0, args.budget_s / 4), profile_run=True)
             lines.append(f"profile: {p.get('profile', p['status'] + ' ' + p.get('error', '')[:300])}")
     else:

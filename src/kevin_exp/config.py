@@ -269,6 +269,10 @@ class TrainerConfig:
     offload_params: str = choice("none", ("none", "cpu"))
     bf16: bool = False
     activation_checkpointing: bool = False
+    # share of the decoder layers checkpointed, spread over the depth (1: all; the rest keep their activations and
+    # skip the recompute); applies where checkpointing is on (trainer.activation_checkpointing for backend=deepspeed,
+    # model.gradient_checkpointing for backend=torch)
+    checkpoint_layers: float = number(1.0, ge=0, le=1)
     # a DeepSpeed JSON file merged on top of the generated config (the merged one is saved as deepspeed_config.json)
     deepspeed_config: Optional[str] = None
     # bounds every collective: a rank waits this long for another's generation and kernel evaluation
@@ -285,6 +289,9 @@ class TrainerConfig:
                     problems.append(f"{prefix}{name}={getattr(self, name)}: a DeepSpeed setting, but trainer.backend=torch; "
                                     "use trainer=deepspeed or leave it out")
             return problems
+        if self.checkpoint_layers != 1.0 and not self.activation_checkpointing:
+            problems.append(f"{prefix}checkpoint_layers={self.checkpoint_layers}: a share of the checkpointed layers, but "
+                            f"{prefix}activation_checkpointing=false; turn checkpointing on or leave checkpoint_layers=1")
         if not _deepspeed_installed():
             problems.append(f"{prefix}backend=deepspeed: DeepSpeed is not installed; pip install -e '.[deepspeed]' "
                             "(or pip install deepspeed==0.19.8)")
@@ -433,6 +440,10 @@ class TrainConfig:
         if self.trainer.backend == "deepspeed" and self.algorithm.kl_coef > 0:
             problems.append(f"algorithm.kl_coef={self.algorithm.kl_coef}: the KL term's reference policy is not built for "
                             "trainer=deepspeed; use algorithm.kl_coef=0 or trainer=torch")
+        if (self.trainer.backend == "torch" and self.trainer.checkpoint_layers != 1.0
+                and not self.model.gradient_checkpointing):
+            problems.append(f"trainer.checkpoint_layers={self.trainer.checkpoint_layers}: a share of the checkpointed "
+                            "layers, but model.gradient_checkpointing=false; turn it on or leave checkpoint_layers=1")
         from kevin_exp.distributed import context_from_env
 
         problems += world_size_problems(self, context_from_env().world_size)

@@ -59,6 +59,8 @@ class MemoryLayout:
     offload_params: str = "none"
     bf16: bool = True
     activation_checkpointing: bool = True
+    # share of the decoder layers checkpointed (trainer.checkpoint_layers)
+    checkpoint_layers: float = 1.0
     # tokens of one micro-batch (prompt + response) and the response tokens whose log-probs are kept
     micro_batch_tokens: int = 0
     logprob_tokens: int = 0
@@ -150,6 +152,7 @@ def layout_of(cfg: TrainConfig) -> MemoryLayout:
         bf16=bool(_trainer(cfg, "bf16", False)) if sharded else m.dtype == "bfloat16",
         activation_checkpointing=bool(_trainer(cfg, "activation_checkpointing", False)) if sharded
         else m.gradient_checkpointing,
+        checkpoint_layers=float(_trainer(cfg, "checkpoint_layers", 1.0)),
         micro_batch_tokens=micro_tokens, logprob_tokens=min(chunk, response_tokens) if chunk else response_tokens,
         generation_batch=ro.generation_batch_size, sequence_tokens=sequence, reference=cfg.algorithm.kl_coef > 0,
         world_size=max(1, r.nodes * r.ranks_per_node), ranks_per_node=r.ranks_per_node, cpus_per_rank=r.cpus_per_task,
@@ -214,12 +217,13 @@ def estimate_memory(cfg: TrainConfig) -> MemoryEstimate:
 def _activation_bytes(x: MemoryLayout, a: int) -> float:
     """Saved activations of one micro-batch. A decoder layer keeps, per token, its two norms' inputs and outputs
     (4h), q and the attention output (2h), k and v (2 kv_dim), and the MLP's gate, up, activation and product
-    (4 x intermediate). With checkpointing only each layer's input stays (h per layer), and one layer's full set
-    exists while it is recomputed."""
+    (4 x intermediate). A checkpointed layer keeps only its input (h), and one layer's full set exists while it
+    is recomputed; the layers left out of ``checkpoint_layers`` keep their full set."""
     if not (x.hidden and x.layers):
         return 0.0
     layer = 6 * x.hidden + 2 * x.kv_dim + 4 * x.intermediate
-    per_token = (x.hidden * x.layers + layer) if x.activation_checkpointing else layer * x.layers
+    checkpointed = round(x.checkpoint_layers * x.layers) if x.activation_checkpointing else 0
+    per_token = checkpointed * x.hidden + (layer if checkpointed else 0) + (x.layers - checkpointed) * layer
     return x.micro_batch_tokens * per_token * a
 
 
@@ -378,6 +382,7 @@ def uses_gpu(cfg: TrainConfig) -> bool:
 LAYOUT_KEYS = {"trainer.backend": "backend", "trainer.zero_stage": "zero_stage",
                "trainer.offload_optimizer": "offload_optimizer", "trainer.offload_params": "offload_params",
                "trainer.bf16": "bf16", "trainer.activation_checkpointing": "activation_checkpointing",
+               "trainer.checkpoint_layers": "checkpoint_layers",
                "trainer.micro_batch_tokens": "micro_batch_tokens", "trainer.logprob_chunk_tokens": "logprob_tokens"}
 
 

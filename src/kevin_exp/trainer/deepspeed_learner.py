@@ -37,6 +37,7 @@ import torch
 from kevin_exp.config import AlgorithmConfig, TrainerConfig
 from kevin_exp.distributed import DistContext, context_from_env, init_process_group
 from kevin_exp.models.loading import _enable_checkpointing as enable_checkpointing
+from kevin_exp.models.partial_checkpointing import limit_checkpointing
 from kevin_exp.rl.loss import clipped_policy_loss
 from kevin_exp.trainer import collectives
 from kevin_exp.trainer.batching import minibatch_plan, token_micro_batches
@@ -102,6 +103,8 @@ class DeepSpeedLearner:
         train_model = self._partitioned_copy(model) if trainer.zero_stage == 3 else model
         if trainer.activation_checkpointing:
             enable_checkpointing(train_model)
+            if trainer.checkpoint_layers < 1.0:
+                limit_checkpointing(train_model, trainer.checkpoint_layers)
         if run_dir is not None and self.rank == 0:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             (Path(run_dir) / DS_CONFIG_FILE).write_text(json.dumps(self.ds_config, indent=1))

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 
 from kevin_exp.config import AlgorithmConfig, TrainConfig, TrainerConfig
+from kevin_exp.models.partial_checkpointing import limit_checkpointing
 from kevin_exp.rl.loss import clipped_policy_loss
 from kevin_exp.trainer.batching import minibatch_plan
 from kevin_exp.trainer.logprobs import pack, response_logprobs
@@ -101,6 +102,8 @@ class TorchLearner:
         self.model, self.pad_id, self.cfg, self.algo = model, pad_id, trainer, algorithm
         self.max_new_tokens, self.device = max_new_tokens, device
         self.temperature, self.top_p = temperature, top_p
+        if trainer.checkpoint_layers < 1.0:  # checkpointing itself is model.gradient_checkpointing, enabled at load
+            limit_checkpointing(model, trainer.checkpoint_layers)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=trainer.lr, weight_decay=trainer.weight_decay,
             betas=(trainer.adam_beta1, trainer.adam_beta2),
