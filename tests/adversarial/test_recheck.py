@@ -184,3 +184,19 @@ def test_attack_is_stopped(attack, verdicts):
 def test_honest_kernel_still_passes(verdicts):
     assert verdicts["thread_spins_while_reference_runs"][1].status.value == "ok"
     assert HONEST
+
+
+def test_slowed_clock_gains_nothing_when_only_the_outside_clock_stands_in_its_way(build_cache):
+    """The same attack with the static rule that refuses its includes switched off, so the runner's clock really
+    runs slow: the parent's clock, which brackets only the call, bounds the time the speedup uses."""
+    from kevin_exp.bench import CheckRules
+    from tests.adversarial.attacks import config
+    from tests.adversarial.conftest import evaluate_attacks
+
+    attack = Attack("slowed_clock_past_the_static_rules", SLOW_CLOCK, stopped("suspect"), gain=True)
+    cfg = config(build_cache, rules=CheckRules(restrict_imports=False))
+    bad, good = evaluate_attacks([attack], cfg)[attack.name]
+    if bad.status.value == "ok":
+        timing = bad.extra["timing"]
+        assert timing["used"] == "outside_bound" and timing["reported_ms"] < good.extra["timing"]["reported_ms"], timing
+    judge(attack, bad, good)
