@@ -37,12 +37,12 @@ def serve(requests: IO[bytes], replies: IO[str], exchange_fd: int, backend: str)
         request = json.loads(line)
         op = request.get("op")
         try:
-            if op == "calibrate" and runner is None:
+            if op == "calibrate" and runner is None and harness.pending is None:
                 reply(harness.stage(request, harness.stand_in(request)))
             elif op == "load" and runner is None and harness.pending is None:
                 runner = Runner(request, harness)
                 reply({"op": "loaded", "device": device_name(runner.device), "load_s": runner.load_s})
-            elif op == "trial" and runner is not None:
+            elif op == "trial" and runner is not None and harness.pending is None:
                 reply(harness.stage(request, runner.call(request)))
             elif op == "go" and harness.pending is not None and harness.pending.ms is _NOT_RUN:
                 reply(harness.go())
