@@ -26,7 +26,7 @@ REFERENCE_SLACK_S = 60.0  # a reference request's own limit, beyond the run's
 # the reference is timed this many times when it is not cached, and its quietest block kept: the cache keeps
 # one measurement for good, so a measurement disturbed by other work (compiles, on cpu) must not be it
 REFERENCE_TIMING_BLOCKS = 3
-CALIBRATION_CALLS = 10
+CALIBRATION_CALLS = 20
 # what a runner may say about its own candidate; "ok" is never its to say
 RUNNER_STATUSES = frozenset({"runtime_error", "forbidden", "format_error", "compile_error", "incorrect"})
 
