@@ -156,12 +156,13 @@ class EvaluatorConfig:
     # than the factor recheck_tolerance the verdict is `suspect` and scores 0
     recheck_speedup: float = number(5.0, gt=0)
     recheck_tolerance: float = number(1.5, ge=1)
-    # with hidden_time_check: `suspect` when timed calls take (parent's clock) more beyond their reported time
-    # than calls of a stand-in made before the candidate loaded, by over hidden_time_factor x its time +
-    # hidden_time_slack_ms (off by default: noisy on a busy machine; the measure is recorded either way)
-    hidden_time_check: bool = False
+    # the time a speedup uses: max(median reported, median outside - calibration overhead - hidden_time_slack_ms),
+    # so under-reporting gains at most hidden_time_slack_ms per call; with hidden_time_check, hiding more than
+    # hidden_time_factor x the reported time + hidden_time_suspect_ms makes the verdict `suspect`
+    hidden_time_check: bool = True
     hidden_time_factor: float = number(0.5, ge=0)
-    hidden_time_slack_ms: float = number(0.25, ge=0)
+    hidden_time_slack_ms: float = number(0.05, ge=0)
+    hidden_time_suspect_ms: float = number(1.0, ge=0)
     # cap on the speedup term of the reward (0: no cap)
     max_speedup: float = number(0.0, ge=0)
     compile_timeout_s: float = number(300.0, gt=0)

@@ -184,3 +184,23 @@ def test_attack_is_stopped(attack, verdicts):
 def test_honest_kernel_still_passes(verdicts):
     assert verdicts["thread_spins_while_reference_runs"][1].status.value == "ok"
     assert HONEST
+
+
+def test_slowed_clock_gains_nothing_when_only_the_outside_clock_stands_in_its_way(build_cache):
+    """The same attack with the static rule that refuses its includes switched off, so the runner's clock really
+    runs slow: the parent's clock, which brackets only the call, bounds the time the speedup uses. On an input
+    four times the usual (about 1 ms a call on one core), so that what the lie hides (60% of the call) stands
+    well above the noise of the path around a call on a busy machine (0.1-0.3 ms)."""
+    from kevin_exp.bench import CheckRules
+    from tests.adversarial.attacks import PROBLEM, config
+    from tests.adversarial.conftest import evaluate_attacks
+
+    problem = PROBLEM.replace('{"M": 256, "N": 2048}', '{"M": 1024, "N": 2048}')
+    assert problem != PROBLEM
+    attack = Attack("slowed_clock_past_the_static_rules", SLOW_CLOCK, stopped("suspect"), gain=True, problem=problem)
+    cfg = config(build_cache, rules=CheckRules(restrict_imports=False))
+    bad, good = evaluate_attacks([attack], cfg)[attack.name]
+    if bad.status.value == "ok":
+        timing = bad.extra["timing"]
+        assert timing["used"] == "outside_bound" and timing["reported_ms"] < good.extra["timing"]["reported_ms"], timing
+    judge(attack, bad, good)

@@ -171,18 +171,43 @@ def test_make_verdict_uses_the_reason_as_feedback_and_trims_it():
     assert Verdict.from_json(v.to_json()) == v
 
 
-def test_hidden_time_is_measured_against_the_calibration_and_acts_only_when_switched_on():
+def test_hidden_time_is_measured_against_the_calibration_and_a_gross_gap_is_suspect():
     from kevin_exp.bench.verdict import hidden_time_ms
 
     # calls cost 2 ms around the reported time before the candidate loaded, 2.3 ms after: 0.3 ms hidden
     assert hidden_time_ms([1.0, 1.0], [3.3, 3.3], [0.1, 0.1], [2.1, 2.1]) == pytest.approx(0.3)
+    assert hidden_time_ms([1.0, 1.0], [3.3, 9.0], [0.1, 0.1], [2.1, 7.0]) == pytest.approx(0.3)  # least of each
     assert hidden_time_ms([1.0], [3.0], [], []) == 0.0
     lying = outcome(new_ms=[1.0] * 3, ref_ms=[8.0] * 3, outside_ms=[5.0] * 3, calibration_ms=[0.1] * 3,
                     calibration_outside_ms=[2.1] * 3)  # 2 ms more than the path costs: the runner hid it
-    v = judge(lying)
-    assert v.status is Status.OK and v.extra["hidden_ms"] == pytest.approx(2.0)
-    v = judge(lying, BenchConfig(hidden_time_check=True, hidden_time_factor=0.5, hidden_time_slack_ms=0.25))
+    v = judge(lying)  # on by default: 2 ms hidden > 0.5 x 1 ms + 1 ms
     assert v.status is Status.SUSPECT and v.rule == "timing_inconsistent" and "more (parent's clock)" in v.reason
+    assert v.extra["hidden_ms"] == pytest.approx(2.0)
+    v = judge(lying, BenchConfig(hidden_time_check=False))
+    assert v.status is Status.OK and v.extra["hidden_ms"] == pytest.approx(2.0)
+
+
+def test_the_time_used_is_the_reported_one_or_the_outside_bound_whichever_is_longer():
+    from kevin_exp.bench.verdict import timing_bound
+
+    config = BenchConfig(hidden_time_slack_ms=0.05, hidden_time_suspect_ms=5.0)  # the gap alone is not suspect here
+    calibration = dict(calibration_ms=[0.1, 0.1, 0.1], calibration_outside_ms=[2.1, 2.3, 6.0])  # path: 2 ms at least
+    # under-reported: 1 ms reported, but the parent's clock saw at least 5 ms, 2 ms of it the path: >= 2.95 ms
+    lying = judge(outcome(new_ms=[1.0, 1.0, 1.0], ref_ms=[8.0] * 3, outside_ms=[5.2, 5.0, 7.0], **calibration), config)
+    assert lying.status is Status.OK and lying.runtime_ms == pytest.approx(2.95)
+    assert lying.speedup == pytest.approx(8.0 / 2.95) and lying.runtime_stats.median_ms == 1.0
+    assert lying.extra["timing"] == {"reported_ms": 1.0, "outside_ms": 5.2, "calibration_overhead_ms": 2.0,
+                                     "outside_bound_ms": 2.95, "used_ms": 2.95, "slack_ms": 0.05, "used": "outside_bound"}
+    assert "outside clock" in lying.reason
+    # honest, outside clock disturbed on most calls: the least outside time is the quiet one, the reported time stands
+    honest = judge(outcome(new_ms=[3.0, 3.1, 2.9], ref_ms=[8.0] * 3, outside_ms=[9.0, 4.95, 7.5], **calibration), config)
+    assert honest.status is Status.OK and honest.runtime_ms == 3.0 and honest.extra["timing"]["used"] == "reported"
+    assert honest.speedup == pytest.approx(8.0 / 3.0)
+    # a lie gains at most the slack: reported ~0, true 3 ms
+    assert timing_bound([0.001] * 3, [5.0] * 3, [0.1] * 3, [2.1] * 3, 0.05).outside_bound_ms == pytest.approx(2.95)
+    # no calibration calls: no bound, the reported time is used
+    assert timing_bound([1.0], [5.0], [], [], 0.05).outside_bound_ms is None
+    assert judge(ok_outcome(ref_ms=4.0, new_ms=2.0, outside_ms=9.0)).runtime_ms == 2.0
 
 
 def test_a_recheck_rebases_the_first_speedup_on_the_re_timed_reference():

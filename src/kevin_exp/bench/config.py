@@ -83,13 +83,15 @@ class BenchConfig:
     recheck_speedup: float = 5.0
     # the two speedups may differ by at most this factor; more makes the verdict `suspect` (scores 0)
     recheck_tolerance: float = 1.5
-    # with hidden_time_check, a run is `suspect` when its timed calls take, by the parent's clock, more beyond
-    # their reported time than calls of a stand-in made before the candidate was loaded, by over factor x its
-    # time + slack. Off by default: the path around a call (cache flush, copies, messages) varies by
-    # milliseconds on a busy machine; the measure (`extra["hidden_ms"]`) is recorded either way.
-    hidden_time_check: bool = False
+    # The parent's clock brackets each timed call alone (docs/hack_defences.md, "Timing protocol"). The time a
+    # speedup uses is max(median reported, median outside - median calibration overhead - hidden_time_slack_ms):
+    # a runner that under-reports gains at most hidden_time_slack_ms per call. With hidden_time_check, a run is
+    # also `suspect` when its calls hide (outside - reported, beyond the calibration's) more than
+    # hidden_time_factor x the reported time + hidden_time_suspect_ms: a gross lie, not noise.
+    hidden_time_check: bool = True
     hidden_time_factor: float = 0.5
-    hidden_time_slack_ms: float = 0.25
+    hidden_time_slack_ms: float = 0.05
+    hidden_time_suspect_ms: float = 1.0
     # reward cap applied where the reward is computed (0: no cap)
     max_speedup: float = 0.0
     compile_timeout_s: float = 300.0
@@ -138,8 +140,8 @@ class BenchConfig:
         if self.recheck_speedup <= 0 or self.recheck_tolerance < 1:
             raise ValueError(f"recheck_speedup={self.recheck_speedup}, recheck_tolerance={self.recheck_tolerance}: "
                              "expected recheck_speedup > 0 and recheck_tolerance >= 1")
-        if self.hidden_time_factor < 0 or self.hidden_time_slack_ms < 0:
-            raise ValueError("hidden_time_factor and hidden_time_slack_ms must be >= 0")
+        if self.hidden_time_factor < 0 or self.hidden_time_slack_ms < 0 or self.hidden_time_suspect_ms < 0:
+            raise ValueError("hidden_time_factor, hidden_time_slack_ms and hidden_time_suspect_ms must be >= 0")
         if self.max_speedup < 0 or self.chunk_bytes < 1:
             raise ValueError("max_speedup must be >= 0 (0: no cap) and chunk_bytes >= 1")
 

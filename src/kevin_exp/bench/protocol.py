@@ -5,7 +5,8 @@ Schedule of calls, each on fresh inputs drawn from a secret per-evaluation seed 
 reference process: ``correctness_trials`` checked calls (allocator poisoned first), ``warmup_trials``,
 ``timed_trials`` timed calls, then one more checked call drawn after all timing. The reference process
 prepares inputs and expected outputs in chunks bounded by bytes, only while the runner is idle; the runner
-sees one trial's inputs at a time. The parent times every timed call from outside too.
+sees one trial's inputs at a time. Every call has three phases (stage, go, collect: ``_call``); the parent's own
+clock brackets only "go", the call itself, and bounds the candidate's time from below (``verdict.timing_bound``).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ REFERENCE_SLACK_S = 60.0  # a reference request's own limit, beyond the run's
 # the reference is timed this many times when it is not cached, and its quietest block kept: the cache keeps
 # one measurement for good, so a measurement disturbed by other work (compiles, on cpu) must not be it
 REFERENCE_TIMING_BLOCKS = 3
-CALIBRATION_CALLS = 5
+CALIBRATION_CALLS = 20
 # what a runner may say about its own candidate; "ok" is never its to say
 RUNNER_STATUSES = frozenset({"runtime_error", "forbidden", "format_error", "compile_error", "incorrect"})
 
@@ -166,18 +167,16 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
                          ref_limit + config.hang_ceiling_s)
             inputs = ref.call({"op": "stage", "i": i, "layout": layout.to_json()}, ref_limit)["inputs"]
             timed = kind == "timed"
-            t0 = time.monotonic()
             checked = kind == "check"  # on these calls the runner also sends its inputs back, to be compared
-            runner.send({"op": "trial", "i": i, "inputs": inputs, "timed": timed, "poison": checked,
-                         "return_inputs": checked})
-            reply = runner.recv(t0 + budget - spent)
-            took = time.monotonic() - t0
-            spent += took
+            t0 = time.monotonic()
+            call = _call(outcome, runner, {"op": "trial", "i": i, "inputs": inputs, "timed": timed, "poison": checked,
+                                           "return_inputs": checked}, t0 + budget - spent, "trials")
+            spent += time.monotonic() - t0
             outcome.trial = i
-            if not _answered(outcome, runner, reply, "trials", "done"):
+            if call is None:
                 return outcome
-            ms = reply.get("ms")
-            if reply.get("i") != i or not isinstance(reply.get("outputs"), dict) or not isinstance(reply.get("after"), dict) \
+            ms, took_ms, reply = call
+            if not isinstance(reply.get("outputs"), dict) or not isinstance(reply.get("after"), dict) \
                     or (timed and not _is_time(ms)):
                 return _violation(outcome, runner, f"the runner's report on call {i} is malformed")
             check = ref.call({"op": "check", "i": i, "layout": layout.to_json(), "outputs": reply["outputs"],
@@ -195,7 +194,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
                 outcome.correctness_trials += 1
             if timed:
                 outcome.new_ms.append(float(ms))
-                outcome.outside_ms.append(took * 1e3)
+                outcome.outside_ms.append(took_ms)
         lap("trials_s")
         runner.send({"op": "end"})
         reply = runner.recv(time.monotonic() + max(5.0, budget - spent))
@@ -209,27 +208,56 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
 
 def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, output: dict[str, Any],
                secret: int, ref_limit: float, config: BenchConfig) -> bool:
-    """Before any candidate code is loaded, the runner makes ``CALIBRATION_CALLS`` timed calls through its whole
-    path with a stand-in that only fills an output of the expected shape: what a call costs beyond its reported
-    time, from the parent's clock (``verdict.hidden_time_ms`` compares the candidate's calls with this)."""
+    """Before any candidate code is loaded, the runner makes ``CALIBRATION_CALLS`` timed calls through exactly
+    the phases of a candidate's timed call (``_call``) with a stand-in that only fills an output of the
+    expected shape: what the parent's clock sees of a call beyond its reported time when nothing under-reports
+    (``verdict.timing_bound`` subtracts it from the candidate's outside time)."""
     ref.call({"op": "chunk", "secret": secret, "start": -CALIBRATION_CALLS, "count": CALIBRATION_CALLS}, ref_limit)
     deadline = time.monotonic() + config.load_timeout_s
     for i in range(-CALIBRATION_CALLS, 0):
         inputs = ref.call({"op": "stage", "i": i, "layout": layout.to_json()}, ref_limit)["inputs"]
-        t0 = time.monotonic()
-        runner.send({"op": "calibrate", "i": i, "inputs": inputs, "layout": layout.to_json(), "output": output})
-        reply = runner.recv(deadline)
-        took = time.monotonic() - t0
-        if not _answered(outcome, runner, reply, "start", "calibrated"):
+        call = _call(outcome, runner, {"op": "calibrate", "i": i, "inputs": inputs, "layout": layout.to_json(),
+                                       "output": output, "guard": config.rules.runtime_block_torch_ops}, deadline, "start")
+        if call is None:
             return False
-        ms = reply.get("ms")
-        if reply.get("i") != i or not _is_time(ms):
+        ms, took_ms, _ = call
+        if not _is_time(ms):
             _violation(outcome, runner, "the runner's calibration report is malformed")
             return False
         outcome.calibration_ms.append(float(ms))
-        outcome.calibration_outside_ms.append(took * 1e3)
+        outcome.calibration_outside_ms.append(took_ms)
     ref.call({"op": "release"}, ref_limit)
     return True
+
+
+def _call(outcome: RunOutcome, runner: WorkerProcess, stage: dict[str, Any], deadline: float,
+          phase: str) -> tuple[Any, float, dict[str, Any]] | None:
+    """One call in three phases: ``stage`` (inputs copied in, cache flushed; "ready"), "go" (the call alone: the
+    parent's clock runs from sending it to the arrival of "ran", which carries the runner's own time) and
+    "collect" (outputs written out; "done"). The runner's reported time, the outside time (ms) and the "done"
+    reply; None when the run ended (``outcome`` says why)."""
+    i = stage["i"]
+    runner.send(stage)
+    reply = runner.recv(deadline)
+    if not _answered(outcome, runner, reply, phase, "ready"):
+        return None
+    if reply.get("i") != i:
+        _violation(outcome, runner, f"the runner's report on call {i} is malformed")
+        return None
+    t0 = time.monotonic()
+    runner.send({"op": "go"})
+    ran = runner.recv(deadline)
+    took_ms = (runner.reply_at - t0) * 1e3
+    if not _answered(outcome, runner, ran, phase, "ran"):
+        return None
+    runner.send({"op": "collect"})
+    done = runner.recv(deadline)
+    if not _answered(outcome, runner, done, phase, "done"):
+        return None
+    if ran.get("i") != i or done.get("i") != i:
+        _violation(outcome, runner, f"the runner's report on call {i} is malformed")
+        return None
+    return ran.get("ms"), took_ms, done
 
 
 def _is_time(ms: Any) -> bool:

@@ -126,8 +126,10 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
                      compile_s: float, run_s: float, cache_hit: bool) -> Verdict:
     """The verdict on one run, from what the parent saw of it: the reference process's failure, the runner's
     end (wall clock, memory, exit), the status a check or the runner's refusal decided, else ``ok`` with the
-    candidate's timing (its runner's own) over the reference's (the trusted process's), and ``suspect``
-    when a reported time is longer than the parent's outside measure of the same call."""
+    candidate's time over the reference's (the trusted process's), and ``suspect`` when a reported time is
+    longer than the parent's outside measure of the same call or far shorter than it (``hidden_time_check``).
+    The candidate's time is the larger of its runner's median report and the outside bound (``timing_bound``);
+    both are in ``extra["timing"]``."""
     extra: dict[str, Any] = {"limits": outcome.limits, "phases": outcome.phases, "checked_calls": outcome.checked_calls}
     if outcome.ref_ms:
         extra["ref_timing_cached"] = outcome.ref_cached
@@ -171,16 +173,24 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
     new = TimingStats.from_samples(outcome.new_ms)
     ref = TimingStats.from_samples(outcome.ref_ms)
     outside = TimingStats.from_samples(outcome.outside_ms)
-    speedup = ref.median_ms / new.median_ms if new.median_ms > 0 else float("inf")
+    bound = timing_bound(outcome.new_ms, outcome.outside_ms, outcome.calibration_ms, outcome.calibration_outside_ms,
+                         config.hidden_time_slack_ms)
+    used_ms = max(new.median_ms, bound.outside_bound_ms) if bound.outside_bound_ms is not None else new.median_ms
+    extra["timing"] = {"reported_ms": round(new.median_ms, 6), "outside_ms": round(outside.median_ms, 6),
+                       "calibration_overhead_ms": bound.overhead_ms, "outside_bound_ms": bound.outside_bound_ms,
+                       "used_ms": round(used_ms, 6), "slack_ms": config.hidden_time_slack_ms,
+                       "used": "outside_bound" if used_ms > new.median_ms else "reported"}
+    speedup = ref.median_ms / used_ms if used_ms > 0 else float("inf")
     flagged = speedup > config.excessive_speedup
-    timing = dict(runtime_ms=new.median_ms, ref_runtime_ms=ref.median_ms, speedup=speedup, runtime_stats=new,
+    timing = dict(runtime_ms=used_ms, ref_runtime_ms=ref.median_ms, speedup=speedup, runtime_stats=new,
                   ref_runtime_stats=ref, outside_runtime_ms=outside.median_ms, excessive_speedup=flagged)
     hidden = hidden_time_ms(outcome.new_ms, outcome.outside_ms, outcome.calibration_ms, outcome.calibration_outside_ms)
     extra["hidden_ms"] = round(hidden, 4)
-    allowed = config.hidden_time_factor * new.median_ms + config.hidden_time_slack_ms
+    allowed = config.hidden_time_factor * new.median_ms + config.hidden_time_suspect_ms
     if config.hidden_time_check and hidden > allowed:
-        reason = (f"suspect: each timed call took {hidden:.3g} ms more (parent's clock) than the runner reported, beyond "
-                  f"what the same path costs without your code (allowed {allowed:.3g} ms); the run counts for nothing")
+        reason = (f"suspect: each timed call took {hidden:.3g} ms more (parent's clock) than the runner reported "
+                  f"({new.median_ms:.3g} ms), beyond what the same path costs without your code (allowed "
+                  f"{allowed:.3g} ms); the run counts for nothing")
         return verdict(Status.SUSPECT, reason, rule="timing_inconsistent", **checked, **timing)
     impossible = reported_exceeds_outside(outcome.new_ms, outcome.outside_ms)
     if impossible:
@@ -189,10 +199,33 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
                   f"{outcome.outside_ms[k]:.4g} ms the evaluator measured from outside; the run counts for nothing")
         extra["impossible_calls"] = impossible[:20]
         return verdict(Status.SUSPECT, reason, rule="timing_inconsistent", **checked, **timing)
-    reason = f"correct; speedup {speedup:.3g}x over PyTorch eager ({ref.median_ms:.4g} ms -> {new.median_ms:.4g} ms)"
+    reason = f"correct; speedup {speedup:.3g}x over PyTorch eager ({ref.median_ms:.4g} ms -> {used_ms:.4g} ms"
+    reason += "; the evaluator's outside clock, as the reported time was shorter)" if used_ms > new.median_ms else ")"
     if flagged:
         reason += f"; flagged: speedup above {config.excessive_speedup:g}x"
     return verdict(Status.OK, reason, correct=True, **checked, **timing)
+
+
+@dataclass(frozen=True)
+class TimingBound:
+    overhead_ms: float | None  # least (outside - reported) of the calibration calls: the path's own cost
+    outside_bound_ms: float | None  # least outside time - overhead - slack: the least a call can have taken
+
+
+def timing_bound(reported_ms: list[float], outside_ms: list[float], calibration_ms: list[float],
+                 calibration_outside_ms: list[float], slack_ms: float) -> TimingBound:
+    """The least the candidate's timed calls can have taken by the parent's clock: its shortest outside time less
+    the least overhead the same phases showed with a stand-in before any candidate code was loaded, less
+    ``slack_ms``. The time used for the speedup is the larger of this and the median reported time, so a
+    runner that under-reports gains at most ``slack_ms`` per call (plus the spread between its median and its
+    fastest call). Least values, not medians or per-call bounds: the noise on the outside clock (scheduling,
+    pipes) only ever adds, so the least of each is the quietest measure of both, and the two noises cancel; a
+    median moves with every disturbance of half the calls, and a per-call maximum adds each disturbed call's
+    noise to an honest kernel's time. Without calibration calls there is no bound (None)."""
+    if not calibration_ms or not reported_ms or not outside_ms:
+        return TimingBound(None, None)
+    overhead = min(o - r for r, o in zip(calibration_ms, calibration_outside_ms))
+    return TimingBound(round(overhead, 6), round(min(outside_ms) - overhead - slack_ms, 6))
 
 
 def reported_exceeds_outside(reported_ms: list[float], outside_ms: list[float]) -> list[int]:
@@ -203,15 +236,14 @@ def reported_exceeds_outside(reported_ms: list[float], outside_ms: list[float]) 
 
 def hidden_time_ms(reported_ms: list[float], outside_ms: list[float], calibration_ms: list[float],
                    calibration_outside_ms: list[float]) -> float:
-    """How much more of each timed call the parent saw than the runner reported (median), beyond the same for the
-    calibration calls made before any candidate code was loaded. An honest runner's extra is the path around the
-    call (copies, messages), the same in both; a runner that under-reports its own time shows it here."""
+    """How much more of each timed call the parent saw than the runner reported, beyond the same for the
+    calibration calls made before any candidate code was loaded (least values of each, as in ``timing_bound``).
+    An honest runner's extra is the path around the call (messages, the timer), the same in both: about 0; a
+    runner that under-reports its own time shows the part it hid."""
     if not calibration_ms or not reported_ms:
         return 0.0
-    import statistics
-
-    candidate = statistics.median(o - r for r, o in zip(reported_ms, outside_ms))
-    baseline = statistics.median(o - r for r, o in zip(calibration_ms, calibration_outside_ms))
+    candidate = min(o - r for r, o in zip(reported_ms, outside_ms))
+    baseline = min(o - r for r, o in zip(calibration_ms, calibration_outside_ms))
     return candidate - baseline
 
 

@@ -56,12 +56,14 @@ class _BoundedReader(threading.Thread):
 
 
 class _LineReader(threading.Thread):
-    """Splits the reply pipe into lines; a line over ``MAX_REPLY_BYTES`` or an unterminated tail is garbage."""
+    """Splits the reply pipe into lines, each with the monotonic time its last bytes were read (the parent's
+    outside clock stops there, not when its own thread gets round to the line); a line over
+    ``MAX_REPLY_BYTES`` or an unterminated tail is garbage."""
 
     def __init__(self, fd: int) -> None:
         super().__init__(daemon=True)
         self.fd = fd
-        self.lines: queue.Queue[bytes | None] = queue.Queue()
+        self.lines: queue.Queue[tuple[bytes, float] | None] = queue.Queue()
 
     def run(self) -> None:
         buf = bytearray()
@@ -70,9 +72,10 @@ class _LineReader(threading.Thread):
                 chunk = os.read(self.fd, 1 << 16)
             except OSError:
                 chunk = b""
+            now = time.monotonic()
             if not chunk:
                 if buf:
-                    self.lines.put(bytes(buf[:MAX_REPLY_BYTES]) + b"\x00")  # unterminated: never valid JSON
+                    self.lines.put((bytes(buf[:MAX_REPLY_BYTES]) + b"\x00", now))  # unterminated: never valid JSON
                 self.lines.put(None)
                 os.close(self.fd)
                 return
@@ -81,10 +84,10 @@ class _LineReader(threading.Thread):
                 nl = buf.find(b"\n")
                 if nl < 0:
                     break
-                self.lines.put(bytes(buf[:nl]))
+                self.lines.put((bytes(buf[:nl]), now))
                 del buf[: nl + 1]
             if len(buf) > MAX_REPLY_BYTES:
-                self.lines.put(b"\x00")
+                self.lines.put((b"\x00", now))
                 buf.clear()
 
 
@@ -119,6 +122,7 @@ class ChildProcess:
         self._replies.start()
         self._eof = False
         self.started_at = time.monotonic()
+        self.reply_at = 0.0  # when the last reply ``recv`` returned arrived (monotonic)
 
     def send(self, message: dict[str, Any]) -> bool:
         """Write one request; False when the child no longer reads."""
@@ -136,9 +140,10 @@ class ChildProcess:
         while True:
             if not self._eof:
                 try:
-                    line = self._replies.lines.get(timeout=0.02)
+                    item = self._replies.lines.get(timeout=0.02)
                 except queue.Empty:
-                    line = b""
+                    item = (b"", 0.0)
+                line = None if item is None else item[0]
                 if line is None:
                     self._eof = True
                 elif line:
@@ -147,6 +152,7 @@ class ChildProcess:
                     except (UnicodeDecodeError, json.JSONDecodeError):
                         message = None
                     if isinstance(message, dict):
+                        self.reply_at = item[1]
                         return message
                     return self._end(Ended("garbage", line[:200].decode("utf-8", "replace")))
             else:

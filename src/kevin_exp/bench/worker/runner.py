@@ -1,8 +1,12 @@
 """The candidate's runner: load the candidate, construct ``ModelNew``, then serve trials in lockstep with the
-parent. Each trial's inputs arrive in the shared region (fresh every call); the runner copies them to the
-device, runs forward under the op guard (a timed trial: cache flush, CUDA events, device-wide sync), and
-writes the outputs and its inputs as they were after the call back to the region. It judges nothing: the
-trusted reference process checks every call's outputs and inputs, and the parent builds the verdict.
+parent. Every call has three phases, each a request and a reply: ``trial`` (the inputs, fresh every call, are
+copied from the shared region to the device, the cache flushed before a timed call; reply ``ready``), ``go``
+(forward under the op guard; a timed call between the timer's start and its end after a device-wide
+synchronise; reply ``ran`` with the time, at once) and ``collect`` (checks on the finished call, then the
+outputs and the inputs as they were after the call written to the region; reply ``done``). The parent's own
+clock brackets only ``go``. Calibration calls, made before any candidate code is loaded, take the same three
+phases with a stand-in. The runner judges nothing: the trusted reference process checks every call's outputs
+and inputs, and the parent builds the verdict.
 
 Requests and replies are JSON lines (``entry`` describes the process).
 """
@@ -10,8 +14,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
-from typing import IO, Any
+from dataclasses import asdict, dataclass
+from typing import IO, Any, Callable
 
 import torch
 
@@ -33,14 +37,18 @@ def serve(requests: IO[bytes], replies: IO[str], exchange_fd: int, backend: str)
         request = json.loads(line)
         op = request.get("op")
         try:
-            if op == "calibrate" and runner is None:
-                reply(harness.calibrate(request))
-            elif op == "load" and runner is None:
+            if op == "calibrate" and runner is None and harness.pending is None:
+                reply(harness.stage(request, harness.stand_in(request)))
+            elif op == "load" and runner is None and harness.pending is None:
                 runner = Runner(request, harness)
                 reply({"op": "loaded", "device": device_name(runner.device), "load_s": runner.load_s})
-            elif op == "trial" and runner is not None:
-                reply(runner.trial(request))
-            elif op == "end" and runner is not None:
+            elif op == "trial" and runner is not None and harness.pending is None:
+                reply(harness.stage(request, runner.call(request)))
+            elif op == "go" and harness.pending is not None and harness.pending.ms is _NOT_RUN:
+                reply(harness.go())
+            elif op == "collect" and harness.pending is not None and harness.pending.ms is not _NOT_RUN:
+                reply(harness.collect())
+            elif op == "end" and runner is not None and harness.pending is None:
                 runner.finish()
                 reply({"op": "ended"})
                 return
@@ -55,16 +63,38 @@ def serve(requests: IO[bytes], replies: IO[str], exchange_fd: int, backend: str)
             return
 
 
+_NOT_RUN = object()
+
+
+@dataclass
+class Call:
+    """One call in its three phases: staged (inputs on the device, cache flushed), run (``go``: the only part the
+    parent's clock brackets), collected (outputs and post-call inputs written to the region)."""
+
+    i: int
+    inputs: list[Any]
+    timed: bool
+    return_inputs: bool
+    run: Callable[[], Any]  # the call itself, under the op guard (or the calibration stand-in)
+    after_run: Callable[[Any], None] = lambda out: None  # checks on a finished call, made while collecting
+    ms: Any = _NOT_RUN
+    out: Any = None
+
+
 class Harness:
-    """What the runner has before any candidate code: the region, the device, the timer and the cache flusher.
-    ``calibrate`` runs a call's whole path (inputs in, flush, a timed stand-in that only fills an output of
-    the expected shape, outputs out) so the parent learns what a call costs beyond its reported time."""
+    """What the runner has before any candidate code: the region, the device, the timer and the cache flusher,
+    and the three phases every call goes through. Calibration calls (``stand_in``, before any candidate code
+    is loaded) take exactly the same phases with a stand-in that only fills an output of the expected shape,
+    so the parent learns what the ``go`` phase costs beyond the reported time."""
 
     def __init__(self, region: Region, backend: str) -> None:
         self.region = region
         self.device = torch.device("cuda" if backend == "cuda" else "cpu")
         self.flusher = CacheFlusher(self.device)
         self.timer = Timer(self.device)
+        self.pending: Call | None = None
+        self.layout: Layout | None = None
+        self.expected_output: dict[str, Any] | None = None  # the output's header, for poisoning the allocator
 
     def read(self, header: Any, start: int, end: int) -> Any:
         try:
@@ -73,16 +103,70 @@ class Harness:
         except HeaderError as exc:
             raise Rejected("crashed", f"evaluator error: bad request ({exc})") from exc
 
-    def calibrate(self, request: dict[str, Any]) -> dict[str, Any]:
-        layout = Layout.from_json(request["layout"])
-        inputs = self.read(request["inputs"], layout.inputs_at, layout.outputs_at)
+    def stand_in(self, request: dict[str, Any]) -> Callable[[list[Any]], Call]:
+        self.layout = Layout.from_json(request["layout"])
         expected = request["output"]
+        guarded = bool(request.get("guard", True))
+
+        def make(inputs: list[Any]) -> Call:
+            guard = _guard(guarded)  # made while staging, as for the candidate's calls
+
+            def run() -> tuple[float | None, Any]:
+                with torch.no_grad(), guard:
+                    return self.timer(lambda: _zeros_like(expected, self.device))
+            return Call(request["i"], inputs, True, False, run)
+        return make
+
+    def stage(self, request: dict[str, Any], make: Callable[[list[Any]], Call]) -> dict[str, Any]:
+        """Phase 1: the call's inputs copied in (host -> device on cuda), the allocator poisoned on checked calls,
+        the cache flushed before timed ones, the device idle; then "ready"."""
+        assert self.layout is not None
+        inputs = self.read(request["inputs"], self.layout.inputs_at, self.layout.outputs_at)
+        if not isinstance(inputs, list):
+            raise Rejected("crashed", "evaluator error: inputs must be a list")
+        call = make(inputs)
+        if request.get("poison") and self.expected_output is not None:
+            poison_allocator(self.expected_output, self.device)
         synchronize(self.device)
-        self.flusher.flush()
-        ms, out = self.timer(lambda: _zeros_like(expected, self.device))
-        write_values(out, self.region.mapped(layout.size), layout.outputs_at, layout.after_at)
-        del inputs
-        return {"op": "calibrated", "i": request["i"], "ms": ms}
+        if call.timed:
+            self.flusher.flush()
+            synchronize(self.device)
+        self.pending = call
+        return {"op": "ready", "i": call.i}
+
+    def go(self) -> dict[str, Any]:
+        """Phase 2, the one the parent's clock brackets: the call (timed calls: the timer runs and the device is
+        synchronised device-wide inside it), then at once the reported time."""
+        call = self.pending
+        assert call is not None
+        call.ms, call.out = call.run()
+        return {"op": "ran", "i": call.i, "ms": call.ms}
+
+    def collect(self) -> dict[str, Any]:
+        """Phase 3: the checks on the finished call, then its outputs (and, on checked calls, its inputs as they
+        are after the call) written to the region."""
+        call, layout = self.pending, self.layout
+        assert call is not None and layout is not None
+        self.pending = None
+        call.after_run(call.out)
+        out = call.out
+        mm = self.region.mapped(layout.size)
+        try:
+            outputs, _ = write_values(out, mm, layout.outputs_at, layout.after_at)
+        except HeaderError as exc:
+            raise Rejected("incorrect", f"trial {call.i}: output {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - reading the output back is the candidate's output too
+            raise Rejected("runtime_error", f"reading your output back raised: {type(exc).__name__}: {exc}") from None
+        after: dict[str, Any] = {"t": "list", "items": []}
+        if call.return_inputs:
+            after, _ = write_values(call.inputs, mm, layout.after_at, layout.size)
+        return {"op": "done", "i": call.i, "outputs": outputs, "after": after}
+
+
+def _guard(on: bool) -> Any:
+    from kevin_exp.bench.runtime_guard import block_torch_compute
+
+    return block_torch_compute() if on else _NullGuard()
 
 
 def _zeros_like(header: dict[str, Any], device: torch.device) -> Any:
@@ -104,8 +188,8 @@ class Runner:
         self.device = harness.device
         self.rules = job["rules"]
         self.layout = Layout.from_json(job["layout"])
-        self.region = harness.region
-        self.expected_output = job["output"]
+        harness.layout = self.layout
+        harness.expected_output = job["output"]
         # TF32 off: fp32 problems are compared against true fp32 (hack 11).
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -122,64 +206,52 @@ class Runner:
             torch.manual_seed(int(job["seed"]))  # the seed the reference's Model was built with, as KernelBench does
             self.model = namespace["ModelNew"](*init_inputs).to(self.device)
         # made before any candidate code ran
-        self.flusher = harness.flusher
         self.timer = harness.timer
         self.load_s = round(time.perf_counter() - t0, 4)
 
-    def _read(self, header: Any, start: int, end: int) -> Any:
-        return self.harness.read(header, start, end)
+    def call(self, request: dict[str, Any]) -> Callable[[list[Any]], Call]:
+        """How one trial's call runs (``Harness.go``) and what is checked once it has run (``Harness.collect``)."""
+        from kevin_exp.bench.runtime_guard import ForbiddenOpError
 
-    def trial(self, request: dict[str, Any]) -> dict[str, Any]:
-        from kevin_exp.bench.runtime_guard import ForbiddenOpError, block_torch_compute
+        timed = bool(request.get("timed"))
 
-        layout = self.layout
-        inputs = self._read(request["inputs"], layout.inputs_at, layout.outputs_at)
-        if not isinstance(inputs, list):
-            raise Rejected("crashed", "evaluator error: inputs must be a list")
-        if request.get("poison"):
-            poison_allocator(self.expected_output, self.device)
-        synchronize(self.device)
-        guard = block_torch_compute() if self.rules["runtime_block_torch_ops"] else _NullGuard()
-        calls_before = self.calls.count
-        ms = None
-        try:
-            with stage("runtime_error", "your forward raised"):
-                with torch.no_grad():
-                    if request.get("timed"):
-                        self.flusher.flush()
-                        with guard:
-                            ms, out = self.timer(lambda: self.model(*inputs))
-                    else:
-                        with guard:
-                            out = self.model(*inputs)
-                        synchronize(self.device)
-        except Rejected as rej:
-            blocked = getattr(guard, "violations", None)
-            if blocked or isinstance(rej.__cause__, ForbiddenOpError):
-                op = blocked[0] if blocked else rej.__cause__.op
-                raise Rejected("forbidden", f"forward called the PyTorch op {op}; compute must happen in your kernel",
-                               rule="runtime_torch_op") from None
-            raise
-        if getattr(guard, "violations", None):
-            raise Rejected("forbidden", f"forward called the PyTorch op {guard.violations[0]}; compute must happen in "
-                           "your kernel", rule="runtime_torch_op")
-        if self.rules["runtime_require_kernel_call"] and self.calls.count == calls_before:
-            raise Rejected("forbidden", "forward never called a function of the extension built with load_inline",
-                           rule="kernel_not_called")
-        for t in out if isinstance(out, (list, tuple)) else [out]:
-            if isinstance(t, torch.Tensor) and t.device.type != self.device.type:
-                raise Rejected("incorrect", f"output must be on {self.device.type}, got a tensor on {t.device}")
-        mm = self.region.mapped(layout.size)
-        try:
-            outputs, _ = write_values(out, mm, layout.outputs_at, layout.after_at)
-        except HeaderError as exc:
-            raise Rejected("incorrect", f"trial {request['i']}: output {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - reading the output back is the candidate's output too
-            raise Rejected("runtime_error", f"reading your output back raised: {type(exc).__name__}: {exc}") from None
-        after: dict[str, Any] = {"t": "list", "items": []}
-        if request.get("return_inputs"):
-            after, _ = write_values(inputs, mm, layout.after_at, layout.size)
-        return {"op": "done", "i": request["i"], "ms": ms, "outputs": outputs, "after": after}
+        def make(inputs: list[Any]) -> Call:
+            guard = _guard(self.rules["runtime_block_torch_ops"])
+            calls_before = [0]
+
+            def run() -> tuple[float | None, Any]:
+                calls_before[0] = self.calls.count
+                try:
+                    with stage("runtime_error", "your forward raised"):
+                        with torch.no_grad():
+                            if timed:
+                                with guard:
+                                    return self.timer(lambda: self.model(*inputs))
+                            with guard:
+                                out = self.model(*inputs)
+                            synchronize(self.device)
+                            return None, out
+                except Rejected as rej:
+                    blocked = getattr(guard, "violations", None)
+                    if blocked or isinstance(rej.__cause__, ForbiddenOpError):
+                        op = blocked[0] if blocked else rej.__cause__.op
+                        raise Rejected("forbidden", f"forward called the PyTorch op {op}; compute must happen in your kernel",
+                                       rule="runtime_torch_op") from None
+                    raise
+
+            def after_run(out: Any) -> None:
+                if getattr(guard, "violations", None):
+                    raise Rejected("forbidden", f"forward called the PyTorch op {guard.violations[0]}; compute must happen in "
+                                   "your kernel", rule="runtime_torch_op")
+                if self.rules["runtime_require_kernel_call"] and self.calls.count == calls_before[0]:
+                    raise Rejected("forbidden", "forward never called a function of the extension built with load_inline",
+                                   rule="kernel_not_called")
+                for t in out if isinstance(out, (list, tuple)) else [out]:
+                    if isinstance(t, torch.Tensor) and t.device.type != self.device.type:
+                        raise Rejected("incorrect", f"output must be on {self.device.type}, got a tensor on {t.device}")
+
+            return Call(request["i"], inputs, timed, bool(request.get("return_inputs")), run, after_run)
+        return make
 
     def finish(self) -> None:
         self.check_timing_untouched()
