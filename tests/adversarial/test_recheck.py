@@ -67,7 +67,6 @@ torch::Tensor answer(torch::Tensor x, std::string store, bool compute) {
 }
 """
 
-WRITER = candidate(DISK_ANSWERS, name="adv_disk_answers", functions=("answer",), forward=f"return ext.answer(x, {STORE!r}, True)")
 READER = candidate(DISK_ANSWERS, name="adv_disk_answers", functions=("answer",), forward=f"return ext.answer(x, {STORE!r}, False)")
 
 # The runner times its own calls with the process's monotonic clock. Native code rewrites the entry of libc's
@@ -168,8 +167,10 @@ ATTACKS = [
     Attack("thread_spins_while_reference_runs", SPIN_BETWEEN_CALLS,
            stopped("forbidden", "runtime_error", "crashed", "suspect"), gain=True, needs=("static", "sandbox")),
     # The writer is an honest kernel that also saves its answers: it is the reader's twin and runs first.
-    Attack("read_answers_an_earlier_candidate_left_on_disk", READER, stopped("incorrect", "runtime_error", "crashed"),
-           honest=WRITER, needs=("sandbox", "oracle")),
+    # the static rules now refuse opening files from native code (forbidden); with them off, the sandbox's private
+    # /tmp and read-only root stop it at run time (tests/integration/test_sandbox_isolation.py)
+    Attack("read_answers_an_earlier_candidate_left_on_disk", READER,
+           stopped("forbidden", "incorrect", "runtime_error", "crashed"), needs=("sandbox", "oracle", "static")),
     # runtime_error here means the patch did not take (its own checks raise), not that it was stopped
     Attack("slowed_monotonic_clock_reports_less", SLOW_CLOCK, stopped("forbidden", "crashed", "suspect", "incorrect"),
            gain=True, needs=("oracle",)),
