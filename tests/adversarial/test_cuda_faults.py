@@ -120,7 +120,8 @@ ATTACKS = [
            honest=HONEST_CUDA, problem=RELU_PROBLEM),
     Attack("write_256mib_past_the_output", WRITE_PAST_OUTPUT, FAULT, honest=HONEST_CUDA, gain=True,
            problem=RELU_PROBLEM),
-    Attack("device_reset_under_torch", DEVICE_RESET, FAULT, honest=HONEST_CUDA, problem=RELU_PROBLEM),
+    # refused by the native rules now (cudaDeviceReset); a fault at run time is stopped too
+    Attack("device_reset_under_torch", DEVICE_RESET, FAULT | stopped("forbidden"), honest=HONEST_CUDA, problem=RELU_PROBLEM),
     Attack("gpu_memory_taken_from_the_reference", MEMORY_HOG, FAULT, honest=HONEST_CUDA, gain=True,
            problem=RELU_PROBLEM),
 ]
