@@ -61,7 +61,7 @@ def join_process_group(ctx: DistContext, device: torch.device, timeout_s: float)
     """The run's process group (the launcher may have made it already); a world of one gets its own, since
     DeepSpeed always needs one."""
     os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:  # a bare "cuda" means the current device already
         torch.cuda.set_device(device)
     if torch.distributed.is_initialized():
         return
