@@ -73,6 +73,7 @@ def run(argv: list[str], cwd: Path, deadline: float, memory_limit_gb: float,
         group: proc.Group | None = None) -> proc.ProcResult | None:
     tmp = cwd / ".nvcc-tmp"
     tmp.mkdir(exist_ok=True)
+    os.chmod(tmp, 0o777)  # sandboxed steps run under leased uids (bench/build/proc.py) and write their files here
     base_env = dict(os.environ, TMPDIR=str(tmp))
     dry = proc.run([*argv, "--dryrun"], cwd, deadline, memory_limit_gb, env=base_env, group=group)
     parsed = parse_dryrun(dry.output, base_env) if dry.ok else None
