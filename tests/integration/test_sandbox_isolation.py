@@ -81,7 +81,7 @@ def probe_candidate(mark: str, check: str) -> str:
 @pytest.fixture(scope="module")
 def evaluator(build_cache):
     rules = dataclasses.replace(CheckRules(), **{f.name: False for f in dataclasses.fields(CheckRules)})
-    config = BenchConfig(backend="cpu", timed_trials=3, warmup_trials=1, run_timeout_s=90, cache_dir=build_cache,
+    config = BenchConfig(backend="cpu", timed_trials=3, warmup_trials=1, hang_floor_s=90, load_timeout_s=90, cache_dir=build_cache,
                          rules=rules, feedback_chars=20000, sandbox="namespace")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KX_TEST_SECRET", SECRET)
