@@ -51,7 +51,6 @@ def test_parameters_initialised_like_the_reference(evaluator):
         ("wrong", Status.INCORRECT, "mismatch"),
         ("unwritten_output", Status.INCORRECT, ""),
         ("mutate_inputs", Status.INCORRECT, "modified its input"),
-        ("cache_by_pointer", Status.INCORRECT, ""),
     ],
 )
 def test_wrong_or_cheating_outputs_are_incorrect(evaluator, name, status, words):
@@ -59,6 +58,17 @@ def test_wrong_or_cheating_outputs_are_incorrect(evaluator, name, status, words)
     assert v.status is status, v.reason
     assert words in v.reason
     assert not v.correct and v.speedup is None
+
+
+def test_a_kernel_caching_by_pointer_is_caught_or_gains_nothing(evaluator):
+    """Every call gets freshly allocated inputs with fresh values: where an address repeats, the cached answer is
+    stale and the call's check fails; where none repeats, every call computes, so there is nothing to gain."""
+    honest, cached = evaluator.evaluate([item("ok"), item("cache_by_pointer")])
+    assert honest.status is Status.OK, honest.reason
+    if cached.status is Status.OK:
+        assert cached.speedup <= 1.5 * honest.speedup, (cached.speedup, honest.speedup)
+    else:
+        assert cached.status is Status.INCORRECT and not cached.correct, cached.reason
 
 
 def test_static_rule_hits_are_forbidden_with_rule_name(evaluator):
