@@ -16,32 +16,12 @@ from pathlib import Path
 
 from kevin_exp.bench import BenchConfig, Status
 from kevin_exp.bench.evaluator import EvalItem
+from tests.conftest import fixture_text
 
 GAIN_BOUND = 1.5
 
 # relu(x) + 0.5 x on a 256 x 2048 fp32 input (2 MiB): about a millisecond for the reference on one core.
-PROBLEM = '''import torch
-import torch.nn as nn
-
-M, N = 4096, 8192
-BACKEND_SIZES = {"cpu": {"M": 256, "N": 2048}}
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return torch.relu(x) + 0.5 * x
-
-
-def get_inputs():
-    return [torch.randn(M, N)]
-
-
-def get_init_inputs():
-    return []
-'''
+PROBLEM = fixture_text("problem_relu.py").replace('"M": 512', '"M": 256')
 
 HONEST_KERNEL = r"""
 static void leaky_into(const float* in, float* o, int64_t n) {
