@@ -163,6 +163,9 @@ class EvaluatorConfig:
     hidden_time_factor: float = number(0.5, ge=0)
     hidden_time_slack_ms: float = number(0.05, ge=0)
     hidden_time_suspect_ms: float = number(1.0, ge=0)
+    # a run the hidden-time check flags is measured again in a fresh runner up to this many times; only a run
+    # flagged every time is `suspect`
+    hidden_time_retries: int = number(1, ge=0)
     # cap on the speedup term of the reward (0: no cap)
     max_speedup: float = number(0.0, ge=0)
     compile_timeout_s: float = number(300.0, gt=0)

@@ -205,3 +205,21 @@ def test_slowed_clock_gains_nothing_when_only_the_outside_clock_stands_in_its_wa
         timing = bad.extra["timing"]
         assert timing["used"] == "outside_bound" and timing["reported_ms"] < good.extra["timing"]["reported_ms"], timing
     judge(attack, bad, good)
+
+
+def test_a_clock_slowed_well_past_the_noise_is_suspect_on_every_measurement(build_cache):
+    """The same runner on an input sixteen times the usual (about 4 ms a call on one core): what it hides (60%)
+    is beyond the hidden-time check's allowance, so the run is flagged, measured again in a fresh runner, flagged
+    again, and `suspect`; the first measurement is kept in the verdict."""
+    from kevin_exp.bench import CheckRules
+    from tests.adversarial.attacks import PROBLEM, config
+    from tests.adversarial.conftest import evaluate_attacks
+
+    problem = PROBLEM.replace('{"M": 256, "N": 2048}', '{"M": 4096, "N": 2048}')
+    assert problem != PROBLEM
+    attack = Attack("slowed_clock_hiding_milliseconds", SLOW_CLOCK, stopped("suspect"), gain=True, problem=problem)
+    cfg = config(build_cache, rules=CheckRules(restrict_imports=False), hidden_time_retries=1)
+    bad, good = evaluate_attacks([attack], cfg)[attack.name]
+    judge(attack, bad, good)
+    assert bad.rule == "hidden_time", bad.reason
+    assert len(bad.extra["remeasured"]) == 1 and bad.extra["remeasured"][0]["hidden_ms"] > 1.0, bad.extra

@@ -10,8 +10,10 @@ from kevin_exp.bench.verdict import (
     TimingStats,
     Verdict,
     apply_recheck,
+    apply_remeasure,
     make_verdict,
     needs_recheck,
+    needs_remeasure,
     rechecks_disagree,
     reported_exceeds_outside,
     verdict_from_run,
@@ -181,10 +183,32 @@ def test_hidden_time_is_measured_against_the_calibration_and_a_gross_gap_is_susp
     lying = outcome(new_ms=[1.0] * 3, ref_ms=[8.0] * 3, outside_ms=[5.0] * 3, calibration_ms=[0.1] * 3,
                     calibration_outside_ms=[2.1] * 3)  # 2 ms more than the path costs: the runner hid it
     v = judge(lying)  # on by default: 2 ms hidden > 0.5 x 1 ms + 1 ms
-    assert v.status is Status.SUSPECT and v.rule == "timing_inconsistent" and "more (parent's clock)" in v.reason
+    assert v.status is Status.SUSPECT and v.rule == "hidden_time" and "more (parent's clock)" in v.reason
     assert v.extra["hidden_ms"] == pytest.approx(2.0)
     v = judge(lying, BenchConfig(hidden_time_check=False))
     assert v.status is Status.OK and v.extra["hidden_ms"] == pytest.approx(2.0)
+
+
+def test_a_run_flagged_for_hidden_time_is_measured_again_and_suspect_only_when_flagged_every_time():
+    calibration = dict(calibration_ms=[0.1] * 3, calibration_outside_ms=[2.1] * 3)
+    flagged = judge(outcome(new_ms=[1.0] * 3, ref_ms=[8.0] * 3, outside_ms=[5.0] * 3, **calibration))
+    clean = judge(outcome(new_ms=[1.0] * 3, ref_ms=[8.0] * 3, outside_ms=[3.0] * 3, **calibration))
+    assert flagged.rule == "hidden_time" and clean.status is Status.OK
+    once = BenchConfig(hidden_time_retries=1)
+    assert needs_remeasure(flagged, 1, once) and not needs_remeasure(flagged, 2, once)
+    assert not needs_remeasure(flagged, 1, BenchConfig(hidden_time_retries=0)) and not needs_remeasure(clean, 1, once)
+    # noise on one measurement: the clean second one stands, the flagged one recorded
+    v = apply_remeasure(flagged, clean)
+    assert v.status is Status.OK and v.speedup == pytest.approx(8.0)
+    assert [r["hidden_ms"] for r in v.extra["remeasured"]] == [pytest.approx(2.0)]
+    # a lie repeats: flagged twice is suspect, both earlier measurements kept
+    again = judge(outcome(new_ms=[1.0] * 3, ref_ms=[8.0] * 3, outside_ms=[5.5] * 3, **calibration))
+    third = judge(outcome(new_ms=[1.0] * 3, ref_ms=[8.0] * 3, outside_ms=[6.0] * 3, **calibration))
+    v = apply_remeasure(apply_remeasure(flagged, again), third)
+    assert v.status is Status.SUSPECT and v.rule == "hidden_time"
+    assert [r["hidden_ms"] for r in v.extra["remeasured"]] == [pytest.approx(2.0), pytest.approx(2.5)]
+    with pytest.raises(ValueError, match="hidden_time_retries"):
+        BenchConfig(hidden_time_retries=-1)
 
 
 def test_the_time_used_is_the_reported_one_or_the_outside_bound_whichever_is_longer():

@@ -92,6 +92,9 @@ class BenchConfig:
     hidden_time_factor: float = 0.5
     hidden_time_slack_ms: float = 0.05
     hidden_time_suspect_ms: float = 1.0
+    # a run the hidden-time check flags is measured again in a fresh runner (new seed, new calibration) up to
+    # this many times; only a run flagged every time is `suspect`: a lie repeats, a busy machine's noise rarely
+    hidden_time_retries: int = 1
     # reward cap applied where the reward is computed (0: no cap)
     max_speedup: float = 0.0
     compile_timeout_s: float = 300.0
@@ -142,6 +145,8 @@ class BenchConfig:
                              "expected recheck_speedup > 0 and recheck_tolerance >= 1")
         if self.hidden_time_factor < 0 or self.hidden_time_slack_ms < 0 or self.hidden_time_suspect_ms < 0:
             raise ValueError("hidden_time_factor, hidden_time_slack_ms and hidden_time_suspect_ms must be >= 0")
+        if self.hidden_time_retries < 0:
+            raise ValueError(f"hidden_time_retries={self.hidden_time_retries}: expected >= 0")
         if self.max_speedup < 0 or self.chunk_bytes < 1:
             raise ValueError("max_speedup must be >= 0 (0: no cap) and chunk_bytes >= 1")
 

@@ -37,7 +37,16 @@ from kevin_exp.bench.run_slot import (
 )
 from kevin_exp.bench.sandbox import SandboxPolicy, probe_policy
 from kevin_exp.bench.spec import ExtensionSpec
-from kevin_exp.bench.verdict import Status, Verdict, apply_recheck, make_verdict, needs_recheck, verdict_from_run
+from kevin_exp.bench.verdict import (
+    Status,
+    Verdict,
+    apply_recheck,
+    apply_remeasure,
+    make_verdict,
+    needs_recheck,
+    needs_remeasure,
+    verdict_from_run,
+)
 
 MAX_BUILD_ROUNDS = 3
 
@@ -257,12 +266,19 @@ class Evaluator:
             finish(pending.index, verdict)
 
     def _run(self, slot: RunSlot, pending: _Pending) -> Verdict:
-        """Run a candidate; a spec it only builds at run time is checked and built, then it runs again. A speedup
-        above ``recheck_speedup`` is re-timed in a fresh runner on fresh inputs before it counts."""
+        """Run a candidate; a spec it only builds at run time is checked and built, then it runs again. A run the
+        hidden-time check flags is measured again in a fresh runner (``hidden_time_retries``); a speedup above
+        ``recheck_speedup`` is re-timed in a fresh runner on fresh inputs before it counts."""
         while True:
             outcome, run_s = slot.run(self._job(pending))
             if outcome.needs_build is None:
                 verdict = self._judge(pending, outcome, run_s)
+                attempts = 1
+                while needs_remeasure(verdict, attempts, self.config):
+                    outcome, again_s = slot.run(self._job(pending))
+                    verdict = apply_remeasure(verdict, self._judge(pending, outcome, again_s))
+                    run_s, attempts = run_s + again_s, attempts + 1
+                    verdict.run_s = round(run_s, 4)
                 if needs_recheck(verdict, self.config):
                     outcome, again_s = slot.run(self._job(pending), refresh_reference=True)
                     verdict = apply_recheck(verdict, self._judge(pending, outcome, again_s), self.config)

@@ -191,7 +191,7 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
         reason = (f"suspect: each timed call took {hidden:.3g} ms more (parent's clock) than the runner reported "
                   f"({new.median_ms:.3g} ms), beyond what the same path costs without your code (allowed "
                   f"{allowed:.3g} ms); the run counts for nothing")
-        return verdict(Status.SUSPECT, reason, rule="timing_inconsistent", **checked, **timing)
+        return verdict(Status.SUSPECT, reason, rule="hidden_time", **checked, **timing)
     impossible = reported_exceeds_outside(outcome.new_ms, outcome.outside_ms)
     if impossible:
         k = impossible[0]
@@ -253,6 +253,20 @@ def rechecks_disagree(first_speedup: float, second_speedup: float, tolerance: fl
     if lo <= 0:
         return True
     return hi / lo > tolerance
+
+
+def needs_remeasure(verdict: Verdict, attempts: int, config: BenchConfig) -> bool:
+    """Whether a run the hidden-time check flagged (after ``attempts`` runs) is measured again."""
+    return verdict.rule == "hidden_time" and attempts <= config.hidden_time_retries
+
+
+def apply_remeasure(first: Verdict, second: Verdict) -> Verdict:
+    """The verdict after a run flagged by the hidden-time check was measured again in a fresh runner: the new
+    run's verdict (flagged again, it stays ``suspect``), with every earlier flagged run in ``extra["remeasured"]``."""
+    earlier = first.extra.pop("remeasured", [])
+    record = {"reason": first.reason, "hidden_ms": first.extra.get("hidden_ms"), "timing": first.extra.get("timing")}
+    second.extra["remeasured"] = earlier + [record]
+    return second
 
 
 def needs_recheck(verdict: Verdict, config: BenchConfig) -> bool:
