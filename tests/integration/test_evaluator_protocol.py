@@ -76,6 +76,30 @@ def test_every_call_is_checked_and_counted(evaluator):
     assert v.outside_runtime_ms >= v.runtime_ms  # the parent's clock around each call contains the reported time
 
 
+def test_a_kernel_that_skips_part_of_the_output_on_timed_calls_is_caught_at_sampled_positions(evaluator):
+    """Timed calls send back only the output's values at 4,096 positions drawn after the call: a kernel that
+    leaves 1% of its output unwritten escapes them with probability 0.99^4096."""
+    honest, partial = evaluator.evaluate([item("ok"), item("skip_rows_when_timed")])
+    assert honest.status is Status.OK, honest.reason
+    assert partial.status is Status.INCORRECT, partial.reason
+    assert "timed call 1 " in partial.reason and "sampled positions" in partial.reason, partial.reason
+
+
+def test_the_runner_draws_each_calls_inputs_from_its_seed_and_must_draw_the_evaluators(evaluator):
+    honest, tampered = evaluator.evaluate([item("ok"), item("zero_inputs_in_runner")])
+    assert honest.status is Status.OK and honest.extra["inputs"] == "seeded", honest.reason
+    assert tampered.status is Status.FORBIDDEN and tampered.rule == "protocol_violation", tampered.reason
+    assert "differ from the evaluator's" in tampered.reason, tampered.reason
+
+
+def test_inputs_that_a_seed_does_not_determine_go_through_the_shared_region(evaluator):
+    drifting = RELU.replace("return [torch.randn(M, N)]", "import time\n    return [torch.randn(M, N) + time.perf_counter_ns() % 7]")
+    assert drifting != RELU
+    [v] = evaluator.evaluate([EvalItem("drifting", drifting, fixture_text("cpu", "ok.py"))])
+    assert v.status is Status.OK and v.extra["inputs"] == "region", v.reason
+    assert v.extra["checked_calls"] == 3 + 2 + 30 + 1
+
+
 def test_the_reference_process_never_loads_candidate_code(evaluator):
     [v] = evaluator.evaluate([item("import_marker")])
     assert v.status is Status.OK, v.reason

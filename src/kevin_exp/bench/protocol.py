@@ -66,6 +66,7 @@ class RunOutcome:
     correctness_trials: int = 0
     limits: dict[str, float] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)
+    inputs: str = ""  # how the runner got each call's inputs: seeded (drew them from the call's seed) | region
 
 
 def schedule(config: BenchConfig) -> list[str]:
@@ -134,8 +135,14 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
     if not _answered(outcome, runner, ready, "start", "ready"):
         return outcome
     clock[0] = time.monotonic()  # waiting for a standby runner to finish starting is no phase of this run
+    seeded = bool(prepared.get("seeded"))
+    outcome.inputs = "seeded" if seeded else "region"
+    if seeded:
+        runner.send({"op": "problem", "source": job.reference, "backend": config.backend})
+        if not _answered(outcome, runner, runner.recv(time.monotonic() + config.load_timeout_s), "start", "problem_ready"):
+            return outcome
     try:
-        if not _calibrate(outcome, ref, runner, layout, prepared["output"], secret, ref_limit, config):
+        if not _calibrate(outcome, ref, runner, layout, prepared["output"], secret, ref_limit, config, seeded):
             return outcome
         init = ref.call({"op": "stage_init", "layout": layout.to_json()}, ref_limit)["inputs"]
     except ReferenceFailed as exc:
@@ -165,12 +172,14 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
             if i % chunk == 0:
                 ref.call({"op": "chunk", "secret": secret, "start": i, "count": min(chunk, len(kinds) - i)},
                          ref_limit + config.hang_ceiling_s)
-            inputs = ref.call({"op": "stage", "i": i, "layout": layout.to_json()}, ref_limit)["inputs"]
+            staged = ref.call({"op": "stage", "i": i, "layout": layout.to_json(), "seeded": seeded}, ref_limit)
             timed = kind == "timed"
             checked = kind == "check"  # on these calls the runner also sends its inputs back, to be compared
+            sample = secrets.randbits(63) if timed else None  # timed calls are checked at positions drawn from it
             t0 = time.monotonic()
-            call = _call(outcome, runner, {"op": "trial", "i": i, "inputs": inputs, "timed": timed, "poison": checked,
-                                           "return_inputs": checked}, t0 + budget - spent, "trials")
+            call = _call(outcome, runner, {"op": "trial", "i": i, **_inputs(staged), "timed": timed, "poison": checked,
+                                           "return_inputs": checked}, t0 + budget - spent, "trials",
+                         staged.get("fingerprint"), sample)
             spent += time.monotonic() - t0
             outcome.trial = i
             if call is None:
@@ -180,7 +189,8 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
                     or (timed and not _is_time(ms)):
                 return _violation(outcome, runner, f"the runner's report on call {i} is malformed")
             check = ref.call({"op": "check", "i": i, "layout": layout.to_json(), "outputs": reply["outputs"],
-                              "after": reply["after"], "inputs_back": checked, "tolerances": tolerances}, ref_limit)
+                              "after": reply["after"], "inputs_back": checked, "tolerances": tolerances,
+                              "sample": sample, "shape": reply.get("shape")}, ref_limit)
             outcome.checked_calls += 1
             if not check["ok"]:
                 if check.get("malformed"):
@@ -207,7 +217,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
 
 
 def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, output: dict[str, Any],
-               secret: int, ref_limit: float, config: BenchConfig) -> bool:
+               secret: int, ref_limit: float, config: BenchConfig, seeded: bool) -> bool:
     """Before any candidate code is loaded, the runner makes ``CALIBRATION_CALLS`` timed calls through exactly
     the phases of a candidate's timed call (``_call``) with a stand-in that only fills an output of the
     expected shape: what the parent's clock sees of a call beyond its reported time when nothing under-reports
@@ -215,9 +225,10 @@ def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess
     ref.call({"op": "chunk", "secret": secret, "start": -CALIBRATION_CALLS, "count": CALIBRATION_CALLS}, ref_limit)
     deadline = time.monotonic() + config.load_timeout_s
     for i in range(-CALIBRATION_CALLS, 0):
-        inputs = ref.call({"op": "stage", "i": i, "layout": layout.to_json()}, ref_limit)["inputs"]
-        call = _call(outcome, runner, {"op": "calibrate", "i": i, "inputs": inputs, "layout": layout.to_json(),
-                                       "output": output, "guard": config.rules.runtime_block_torch_ops}, deadline, "start")
+        staged = ref.call({"op": "stage", "i": i, "layout": layout.to_json(), "seeded": seeded}, ref_limit)
+        call = _call(outcome, runner, {"op": "calibrate", "i": i, **_inputs(staged), "layout": layout.to_json(),
+                                       "output": output, "guard": config.rules.runtime_block_torch_ops}, deadline, "start",
+                     staged.get("fingerprint"), secrets.randbits(63))
         if call is None:
             return False
         ms, took_ms, _ = call
@@ -230,12 +241,18 @@ def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess
     return True
 
 
+def _inputs(staged: dict[str, Any]) -> dict[str, Any]:
+    """What the runner is told of a call's inputs: their seed (it draws them itself) or where they are."""
+    return {"seed": staged["seed"]} if "seed" in staged else {"inputs": staged["inputs"]}
+
+
 def _call(outcome: RunOutcome, runner: WorkerProcess, stage: dict[str, Any], deadline: float,
-          phase: str) -> tuple[Any, float, dict[str, Any]] | None:
-    """One call in three phases: ``stage`` (inputs copied in, cache flushed; "ready"), "go" (the call alone: the
-    parent's clock runs from sending it to the arrival of "ran", which carries the runner's own time) and
-    "collect" (outputs written out; "done"). The runner's reported time, the outside time (ms) and the "done"
-    reply; None when the run ended (``outcome`` says why)."""
+          phase: str, drawn: list[Any] | None = None, sample: int | None = None) -> tuple[Any, float, dict[str, Any]] | None:
+    """One call in three phases: ``stage`` (inputs drawn from the call's seed or copied in, cache flushed;
+    "ready", with the drawn inputs' fingerprint, which must be ``drawn``), "go" (the call alone: the parent's
+    clock runs from sending it to the arrival of "ran", which carries the runner's own time) and "collect"
+    (outputs written out, or with ``sample`` only their values at positions drawn from it; "done"). The runner's
+    reported time, the outside time (ms) and the "done" reply; None when the run ended (``outcome`` says why)."""
     i = stage["i"]
     runner.send(stage)
     reply = runner.recv(deadline)
@@ -244,13 +261,17 @@ def _call(outcome: RunOutcome, runner: WorkerProcess, stage: dict[str, Any], dea
     if reply.get("i") != i:
         _violation(outcome, runner, f"the runner's report on call {i} is malformed")
         return None
+    if drawn is not None and reply.get("fingerprint") != drawn:
+        _violation(outcome, runner, f"the inputs the runner drew for call {i} differ from the evaluator's "
+                   "(was the random number generator tampered with?)")
+        return None
     t0 = time.monotonic()
     runner.send({"op": "go"})
     ran = runner.recv(deadline)
     took_ms = (runner.reply_at - t0) * 1e3
     if not _answered(outcome, runner, ran, phase, "ran"):
         return None
-    runner.send({"op": "collect"})
+    runner.send({"op": "collect"} if sample is None else {"op": "collect", "sample": sample})
     done = runner.recv(deadline)
     if not _answered(outcome, runner, done, phase, "done"):
         return None

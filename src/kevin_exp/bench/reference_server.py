@@ -24,7 +24,8 @@ import torch
 
 from kevin_exp.bench.config import Tolerance
 from kevin_exp.bench.exchange import HeaderError, Layout, Region, describe, mismatch, read_values, validate, write_values
-from kevin_exp.bench.worker.comparison import compare_outputs, same_values
+from kevin_exp.bench.sampling import fingerprint, leaves, positions
+from kevin_exp.bench.worker.comparison import Comparison, compare_outputs, same_values
 from kevin_exp.bench.worker.reference import load_reference, make_inputs
 from kevin_exp.bench.worker.tensors import clone_values, device_name, synchronize
 from kevin_exp.bench.worker.timing import CacheFlusher, Timer
@@ -61,6 +62,8 @@ class Problem:
             out = self.model(*clone_values(sample))
         synchronize(device)
         self.input_header, self.output_header = describe(list(sample)), describe(out)
+        # the runner may draw the inputs itself from each call's seed only if the same seed gives the same inputs
+        self.seeded = same_values(list(self.inputs(init_seed + 1)), list(self.inputs(init_seed + 1)))
 
     def inputs(self, seed: int) -> list[Any]:
         return make_inputs(self.ns, seed, self.device)
@@ -93,7 +96,7 @@ class Server:
         self.problem, self.trials, self.secret = problem, {}, None
         return {"op": "prepared", "input": problem.input_header, "output": problem.output_header,
                 "init": describe(list(problem.init_inputs)), "device": device_name(self.device),
-                "torch": torch.__version__}
+                "torch": torch.__version__, "seeded": problem.seeded}
 
     def op_stage_init(self, r: dict[str, Any]) -> dict[str, Any]:
         layout = Layout.from_json(r["layout"])
@@ -128,8 +131,13 @@ class Server:
         return {"op": "chunked"}
 
     def op_stage(self, r: dict[str, Any]) -> dict[str, Any]:
+        """One call's inputs for the runner: with ``seeded``, that call's seed and the inputs' fingerprint (the
+        runner draws them on its own device); else the inputs themselves, written to the region."""
+        i = int(r["i"])
+        inputs, _ = self.trials[i]
+        if r.get("seeded"):
+            return {"op": "staged", "seed": trial_seed(self.secret, i), "fingerprint": fingerprint(list(inputs))}
         layout = Layout.from_json(r["layout"])
-        inputs, _ = self.trials[int(r["i"])]
         header, _ = write_values(list(inputs), self.region.mapped(layout.size), layout.inputs_at, layout.outputs_at)
         synchronize(self.device)
         return {"op": "staged", "inputs": header}
@@ -142,12 +150,17 @@ class Server:
             validate(r["after"], layout.after_at, layout.size)
         except HeaderError as exc:
             return {"op": "checked", "ok": False, "reason": f"the runner's report is malformed ({exc})", "malformed": True}
-        why = mismatch(r["outputs"], describe(expected))
-        if why:
-            return {"op": "checked", "ok": False, "reason": why}
         mm = self.region.mapped(layout.size)
-        out = read_values(r["outputs"], mm, self.device)
-        cmp = compare_outputs(expected, out, _Tolerances(r["tolerances"]))
+        tolerances = _Tolerances(r["tolerances"])
+        if r.get("sample") is not None:
+            cmp = self._check_sampled(r, expected, mm, tolerances)
+            if isinstance(cmp, dict):
+                return cmp
+        else:
+            why = mismatch(r["outputs"], describe(expected))
+            if why:
+                return {"op": "checked", "ok": False, "reason": why}
+            cmp = compare_outputs(expected, read_values(r["outputs"], mm, self.device), tolerances)
         if not cmp.ok:
             return {"op": "checked", "ok": False, "reason": cmp.reason, "max_abs_diff": cmp.max_abs_diff}
         if r.get("inputs_back"):
@@ -155,6 +168,31 @@ class Server:
             if mismatch(after, describe(list(inputs)), "input") or not same_values(read_values(after, mm, self.device), inputs):
                 return {"op": "checked", "ok": False, "reason": "forward modified its input tensors in place"}
         return {"op": "checked", "ok": True, "max_abs_diff": cmp.max_abs_diff}
+
+    def _check_sampled(self, r: dict[str, Any], expected: Any, mm: Any, tolerances: _Tolerances) -> Comparison | dict[str, Any]:
+        """A timed call: the output's structure, dtypes and shapes (``shape``, a header without data) against the
+        expected output's, then the runner's values at ``positions`` of each tensor (``outputs``: one 1-D tensor
+        per leaf) against the expected output's at the same positions."""
+        shape = r.get("shape")
+        try:
+            validate(shape, 0, 1 << 62)
+        except HeaderError as exc:
+            return {"op": "checked", "ok": False, "reason": f"the runner's report is malformed ({exc})", "malformed": True}
+        why = mismatch(shape, describe(expected))
+        if why:
+            return {"op": "checked", "ok": False, "reason": why}
+        seed = int(r["sample"])
+        want = []
+        for j, e in enumerate(leaves(expected)):
+            want.append(e.reshape(-1)[positions(e.numel(), seed, j).to(e.device)] if isinstance(e, torch.Tensor) else e)
+        got_header = r["outputs"]
+        if mismatch(got_header, describe(want)):
+            return {"op": "checked", "ok": False, "reason": "the runner's sampled values are malformed", "malformed": True}
+        got = [read_values(h, mm, self.device) for h in got_header["items"]]
+        cmp = compare_outputs(want, got, tolerances)
+        if not cmp.ok:
+            cmp.reason = f"at sampled positions of a timed call's output: {cmp.reason}"
+        return cmp
 
     def op_release(self, r: dict[str, Any]) -> dict[str, Any]:
         self.trials, self.secret = {}, None

@@ -130,7 +130,8 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
     longer than the parent's outside measure of the same call or far shorter than it (``hidden_time_check``).
     The candidate's time is the larger of its runner's median report and the outside bound (``timing_bound``);
     both are in ``extra["timing"]``."""
-    extra: dict[str, Any] = {"limits": outcome.limits, "phases": outcome.phases, "checked_calls": outcome.checked_calls}
+    extra: dict[str, Any] = {"limits": outcome.limits, "phases": outcome.phases, "checked_calls": outcome.checked_calls,
+                             "inputs": outcome.inputs}
     if outcome.ref_ms:
         extra["ref_timing_cached"] = outcome.ref_cached
     common: dict[str, Any] = dict(compile_s=compile_s, run_s=run_s, cache_hit=cache_hit, device=outcome.device,

@@ -37,7 +37,10 @@ def serve(requests: IO[bytes], replies: IO[str], exchange_fd: int, backend: str)
         request = json.loads(line)
         op = request.get("op")
         try:
-            if op == "calibrate" and runner is None and harness.pending is None:
+            if op == "problem" and runner is None and harness.pending is None and harness.problem is None:
+                harness.set_problem(request)
+                reply({"op": "problem_ready"})
+            elif op == "calibrate" and runner is None and harness.pending is None:
                 reply(harness.stage(request, harness.stand_in(request)))
             elif op == "load" and runner is None and harness.pending is None:
                 runner = Runner(request, harness)
@@ -47,7 +50,7 @@ def serve(requests: IO[bytes], replies: IO[str], exchange_fd: int, backend: str)
             elif op == "go" and harness.pending is not None and harness.pending.ms is _NOT_RUN:
                 reply(harness.go())
             elif op == "collect" and harness.pending is not None and harness.pending.ms is not _NOT_RUN:
-                reply(harness.collect())
+                reply(harness.collect(request.get("sample")))
             elif op == "end" and runner is not None and harness.pending is None:
                 runner.finish()
                 reply({"op": "ended"})
@@ -95,6 +98,30 @@ class Harness:
         self.pending: Call | None = None
         self.layout: Layout | None = None
         self.expected_output: dict[str, Any] | None = None  # the output's header, for poisoning the allocator
+        self.problem: dict[str, Any] | None = None  # the reference program, for drawing seeded inputs
+
+    def set_problem(self, request: dict[str, Any]) -> None:
+        """The reference program (trusted, the problem's own code), loaded before any candidate code: with it
+        the runner draws each call's inputs from the seed it is sent for that call."""
+        from kevin_exp.bench.worker.reference import load_reference
+
+        try:
+            self.problem = load_reference(str(request["source"]), str(request["backend"]))
+        except Exception as exc:  # noqa: BLE001 - the reference process loaded the same program
+            raise Rejected("crashed", f"evaluator error: the runner could not load the reference program ({exc})") from None
+
+    def inputs_for(self, request: dict[str, Any]) -> tuple[Any, list[Any] | None]:
+        """A call's inputs: drawn from the call's seed (and their fingerprint) or read from the region."""
+        assert self.layout is not None
+        if "seed" in request:
+            from kevin_exp.bench.sampling import fingerprint
+            from kevin_exp.bench.worker.reference import make_inputs
+
+            if self.problem is None or not _is_seed(request["seed"]):
+                raise Rejected("crashed", "evaluator error: bad request (a seed without a problem)")
+            inputs = make_inputs(self.problem, int(request["seed"]), self.device)
+            return inputs, fingerprint(list(inputs))
+        return self.read(request["inputs"], self.layout.inputs_at, self.layout.outputs_at), None
 
     def read(self, header: Any, start: int, end: int) -> Any:
         try:
@@ -120,8 +147,7 @@ class Harness:
     def stage(self, request: dict[str, Any], make: Callable[[list[Any]], Call]) -> dict[str, Any]:
         """Phase 1: the call's inputs copied in (host -> device on cuda), the allocator poisoned on checked calls,
         the cache flushed before timed ones, the device idle; then "ready"."""
-        assert self.layout is not None
-        inputs = self.read(request["inputs"], self.layout.inputs_at, self.layout.outputs_at)
+        inputs, drawn = self.inputs_for(request)
         if not isinstance(inputs, list):
             raise Rejected("crashed", "evaluator error: inputs must be a list")
         call = make(inputs)
@@ -132,7 +158,10 @@ class Harness:
             self.flusher.flush()
             synchronize(self.device)
         self.pending = call
-        return {"op": "ready", "i": call.i}
+        ready: dict[str, Any] = {"op": "ready", "i": call.i}
+        if drawn is not None:
+            ready["fingerprint"] = drawn
+        return ready
 
     def go(self) -> dict[str, Any]:
         """Phase 2, the one the parent's clock brackets: the call (timed calls: the timer runs and the device is
@@ -142,16 +171,26 @@ class Harness:
         call.ms, call.out = call.run()
         return {"op": "ran", "i": call.i, "ms": call.ms}
 
-    def collect(self) -> dict[str, Any]:
+    def collect(self, sample: Any = None) -> dict[str, Any]:
         """Phase 3: the checks on the finished call, then its outputs (and, on checked calls, its inputs as they
-        are after the call) written to the region."""
+        are after the call) written to the region. With ``sample`` (timed calls: a seed sent only now, after the
+        call reported its time), only the output's structure and its values at the sampled positions."""
+        from kevin_exp.bench.exchange import describe
+        from kevin_exp.bench.sampling import sampled
+
         call, layout = self.pending, self.layout
         assert call is not None and layout is not None
+        if sample is not None and not _is_seed(sample):
+            raise Rejected("crashed", "evaluator error: bad request (sample seed)")
         self.pending = None
         call.after_run(call.out)
         out = call.out
         mm = self.region.mapped(layout.size)
+        extra: dict[str, Any] = {}
         try:
+            if sample is not None:
+                extra["shape"] = describe(out)
+                out = sampled(out, int(sample))
             outputs, _ = write_values(out, mm, layout.outputs_at, layout.after_at)
         except HeaderError as exc:
             raise Rejected("incorrect", f"trial {call.i}: output {exc}") from None
@@ -160,7 +199,11 @@ class Harness:
         after: dict[str, Any] = {"t": "list", "items": []}
         if call.return_inputs:
             after, _ = write_values(call.inputs, mm, layout.after_at, layout.size)
-        return {"op": "done", "i": call.i, "outputs": outputs, "after": after}
+        return {"op": "done", "i": call.i, "outputs": outputs, "after": after, **extra}
+
+
+def _is_seed(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 63)
 
 
 def _guard(on: bool) -> Any:

@@ -1,0 +1,70 @@
+"""What lets a call's tensors stay on the device: inputs both trusted sides draw from the call's seed, a
+fingerprint that shows both drew the same, and the positions a timed call's output is checked at.
+
+Every call's inputs come from ``trial_seed(secret, i)``. When a problem's ``get_inputs`` is deterministic for a
+seed (``Problem.seeded``), the runner is sent that call's seed (one call's, at staging: the evaluation's
+secret stays in the reference process) and draws the inputs on its own device instead of receiving them
+through host memory; ``fingerprint`` of both sides' inputs must agree. A timed call's output is checked at
+``SAMPLE_POSITIONS`` positions per tensor drawn from a seed the runner learns only after the call has
+reported its time; checked calls (before and after timing) compare every element.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+SAMPLE_POSITIONS = 4096
+_FINGERPRINT_ELEMENTS = 4096
+_INT_VIEW = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def fingerprint(values: Any) -> list[Any]:
+    """Per leaf: dtype, shape and an exact, order-independent integer sum of the bits of up to 4,096 evenly
+    spread elements (tensors), or the value itself (numbers). Two processes drawing the same inputs agree
+    whatever their thread counts."""
+    out: list[Any] = []
+    for v in leaves(values):
+        if isinstance(v, torch.Tensor):
+            flat = v.detach().reshape(-1)
+            step = max(1, flat.numel() // _FINGERPRINT_ELEMENTS)
+            picked = flat[::step].contiguous()
+            bits = picked.view(_INT_VIEW[picked.element_size()]) if picked.numel() else picked.to(torch.int64)
+            out.append([str(v.dtype).removeprefix("torch."), list(v.shape), int(bits.to(torch.int64).sum())])
+        else:
+            out.append(v if v is None or isinstance(v, (bool, int, float, str)) else repr(type(v)))
+    return out
+
+
+def leaves(values: Any) -> list[Any]:
+    """The leaves of a value (a tensor, a number, or nested lists/tuples of them), in order."""
+    if isinstance(values, (list, tuple)):
+        return [leaf for v in values for leaf in leaves(v)]
+    return [values]
+
+
+def positions(numel: int, seed: int, leaf: int) -> torch.Tensor:
+    """The flat positions a timed call's output tensor ``leaf`` is checked at: every element of a small tensor,
+    else ``SAMPLE_POSITIONS`` drawn from ``seed`` (CPU generator: the same in every process)."""
+    if numel <= SAMPLE_POSITIONS:
+        return torch.arange(numel)
+    g = torch.Generator().manual_seed((seed + 1_000_003 * leaf) % (1 << 63))
+    return torch.randint(0, numel, (SAMPLE_POSITIONS,), generator=g)
+
+
+def sampled(values: Any, seed: int) -> list[Any]:
+    """The values at ``positions`` of each tensor leaf (1-D, on the tensor's device), numbers as they are.
+    Refuses what ``exchange.write_values`` refuses: anything but plain dense tensors."""
+    from kevin_exp.bench.exchange import HeaderError
+
+    out: list[Any] = []
+    for j, v in enumerate(leaves(values)):
+        if isinstance(v, torch.Tensor):
+            if type(v) is not torch.Tensor:
+                raise HeaderError(f"must be a plain torch.Tensor, got {type(v).__module__}.{type(v).__name__}")
+            if v.layout != torch.strided or v.is_meta:
+                raise HeaderError(f"must be a dense tensor, got layout {v.layout}")
+            out.append(v.detach().reshape(-1)[positions(v.numel(), seed, j).to(v.device)])
+        else:
+            out.append(v)
+    return out
