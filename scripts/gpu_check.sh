@@ -40,7 +40,7 @@ if has cost; then  # CPU-seconds per build (per step) and per worker start: the 
   timeout 240 $py benchmarks/eval_cost.py --backend cuda --n 6 --workers 4 2>&1 | tee "$out/cost.txt"
 fi
 if has bench; then  # the figure the evaluator's issue asks for, and the torch-default path beside it
-  timeout 330 $py benchmarks/eval_throughput.py --backend cuda --n 48 --torch-n 4 2>&1 | tee "$out/throughput.txt"
+  timeout 330 $py benchmarks/eval_throughput.py --backend cuda ${BENCH_ARGS:---n 48 --torch-n 4} 2>&1 | tee "$out/throughput.txt"
 fi
 if has bench128; then  # a training step evaluates hundreds (8 tasks x 16 trajectories x 4 turns = 512)
   timeout 330 $py benchmarks/eval_throughput.py --backend cuda --n 128 2>&1 | tee "$out/throughput-128.txt"

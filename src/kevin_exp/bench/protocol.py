@@ -10,12 +10,13 @@ clock brackets only "go", the call itself, and bounds the candidate's time from 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import secrets
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from kevin_exp.bench.config import BenchConfig
 from kevin_exp.bench.exchange import Layout, ensure_size, header_bytes, padded_bytes
@@ -106,8 +107,11 @@ def reference_timing(ref: ReferenceProcess, timings: ReferenceTimings, source: s
 
 def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int, timings: ReferenceTimings, job: RunJob,
                  config: BenchConfig, seed: int | None = None, quiet: Callable[[], None] = lambda: None,
-                 refresh_reference: bool = False) -> RunOutcome:
-    """``quiet`` is called before the reference is timed: it waits until nothing else the slot started is busy."""
+                 refresh_reference: bool = False,
+                 device_quiet: Callable[[], ContextManager[float]] = lambda: contextlib.nullcontext(0.0)) -> RunOutcome:
+    """``quiet`` is called before the reference is timed: it waits until nothing else the slot started is busy.
+    ``device_quiet`` is held from calibration to the last call: while it is, nothing else the slot started uses
+    the device (standby runners wait to start CUDA); it gives the seconds it waited for that."""
     outcome = RunOutcome()
     clock = [time.monotonic()]
 
@@ -135,85 +139,89 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
     if not _answered(outcome, runner, ready, "start", "ready"):
         return outcome
     clock[0] = time.monotonic()  # waiting for a standby runner to finish starting is no phase of this run
-    seeded = bool(prepared.get("seeded"))
-    outcome.inputs = "seeded" if seeded else "region"
-    if seeded:
-        runner.send({"op": "problem", "source": job.reference, "backend": config.backend})
-        if not _answered(outcome, runner, runner.recv(time.monotonic() + config.load_timeout_s), "start", "problem_ready"):
-            return outcome
-    try:
-        if not _calibrate(outcome, ref, runner, layout, prepared["output"], secret, ref_limit, config, seeded):
-            return outcome
-        init = ref.call({"op": "stage_init", "layout": layout.to_json()}, ref_limit)["inputs"]
-    except ReferenceFailed as exc:
-        return _reference_failed(outcome, exc)
-    lap("calibrate_s")
-    kinds = schedule(config)
-    outcome.limits = {"load_s": config.load_timeout_s,
-                      "trials_s": round(trial_limit_s(statistics.median(outcome.ref_ms), len(kinds), config), 3)}
-    rules = config.rules
-    runner.send({"op": "load", "candidate": job.candidate, "prebuilt": job.prebuilt, "init": init, "seed": config.seed,
-                 "layout": layout.to_json(), "output": prepared["output"],
-                 "rules": {"runtime_block_torch_ops": rules.runtime_block_torch_ops,
-                           "runtime_require_kernel_call": rules.runtime_require_kernel_call,
-                           "no_timing_patch": rules.no_timing_patch}})
-    reply = runner.recv(time.monotonic() + config.load_timeout_s)
-    if not _answered(outcome, runner, reply, "load", "loaded"):
-        return outcome
-    lap("load_s")
-
-    per_trial = max(1, header_bytes(prepared["input"]) + header_bytes(prepared["output"]))
-    chunk = max(1, config.chunk_bytes // per_trial)
-    budget = outcome.limits["trials_s"]
-    spent = 0.0
-    tolerances = {k: {"atol": v.atol, "rtol": v.rtol} for k, v in config.tolerances.items()}
-    try:
-        for i, kind in enumerate(kinds):
-            if i % chunk == 0:
-                ref.call({"op": "chunk", "secret": secret, "start": i, "count": min(chunk, len(kinds) - i)},
-                         ref_limit + config.hang_ceiling_s)
-            staged = ref.call({"op": "stage", "i": i, "layout": layout.to_json(), "seeded": seeded}, ref_limit)
-            timed = kind == "timed"
-            checked = kind == "check"  # on these calls the runner also sends its inputs back, to be compared
-            sample = secrets.randbits(63) if timed else None  # timed calls are checked at positions drawn from it
-            t0 = time.monotonic()
-            call = _call(outcome, runner, {"op": "trial", "i": i, **_inputs(staged), "timed": timed, "poison": checked,
-                                           "return_inputs": checked}, t0 + budget - spent, "trials",
-                         staged.get("fingerprint"), sample)
-            spent += time.monotonic() - t0
-            outcome.trial = i
-            if call is None:
+    with device_quiet() as waited:
+        if waited:
+            outcome.phases["device_quiet_wait_s"] = round(waited, 4)
+        clock[0] = time.monotonic()
+        seeded = bool(prepared.get("seeded"))
+        outcome.inputs = "seeded" if seeded else "region"
+        if seeded:
+            runner.send({"op": "problem", "source": job.reference, "backend": config.backend})
+            if not _answered(outcome, runner, runner.recv(time.monotonic() + config.load_timeout_s), "start", "problem_ready"):
                 return outcome
-            ms, took_ms, reply = call
-            if not isinstance(reply.get("outputs"), dict) or not isinstance(reply.get("after"), dict) \
-                    or (timed and not _is_time(ms)):
-                return _violation(outcome, runner, f"the runner's report on call {i} is malformed")
-            check = ref.call({"op": "check", "i": i, "layout": layout.to_json(), "outputs": reply["outputs"],
-                              "after": reply["after"], "inputs_back": checked, "tolerances": tolerances,
-                              "sample": sample, "shape": reply.get("shape")}, ref_limit)
-            outcome.checked_calls += 1
-            if not check["ok"]:
-                if check.get("malformed"):
-                    return _violation(outcome, runner, check["reason"])
-                outcome.status = "incorrect"
-                outcome.reason = _where(kind, i, config) + check["reason"]
-                outcome.max_abs_diff = check.get("max_abs_diff") or 0.0
-                return _finish(outcome, runner)
-            outcome.max_abs_diff = max(outcome.max_abs_diff, check.get("max_abs_diff") or 0.0)
-            if kind == "check":
-                outcome.correctness_trials += 1
-            if timed:
-                outcome.new_ms.append(float(ms))
-                outcome.outside_ms.append(took_ms)
-        lap("trials_s")
-        runner.send({"op": "end"})
-        reply = runner.recv(time.monotonic() + max(5.0, budget - spent))
-        if not _answered(outcome, runner, reply, "end", "ended"):
+        try:
+            if not _calibrate(outcome, ref, runner, layout, prepared["output"], secret, ref_limit, config, seeded):
+                return outcome
+            init = ref.call({"op": "stage_init", "layout": layout.to_json()}, ref_limit)["inputs"]
+        except ReferenceFailed as exc:
+            return _reference_failed(outcome, exc)
+        lap("calibrate_s")
+        kinds = schedule(config)
+        outcome.limits = {"load_s": config.load_timeout_s,
+                          "trials_s": round(trial_limit_s(statistics.median(outcome.ref_ms), len(kinds), config), 3)}
+        rules = config.rules
+        runner.send({"op": "load", "candidate": job.candidate, "prebuilt": job.prebuilt, "init": init, "seed": config.seed,
+                     "layout": layout.to_json(), "output": prepared["output"],
+                     "rules": {"runtime_block_torch_ops": rules.runtime_block_torch_ops,
+                               "runtime_require_kernel_call": rules.runtime_require_kernel_call,
+                               "no_timing_patch": rules.no_timing_patch}})
+        reply = runner.recv(time.monotonic() + config.load_timeout_s)
+        if not _answered(outcome, runner, reply, "load", "loaded"):
             return outcome
-        ref.call({"op": "release"}, ref_limit)
-    except ReferenceFailed as exc:
-        return _reference_failed(outcome, exc)
-    return _finish(outcome, runner)
+        lap("load_s")
+
+        per_trial = max(1, header_bytes(prepared["input"]) + header_bytes(prepared["output"]))
+        chunk = max(1, config.chunk_bytes // per_trial)
+        budget = outcome.limits["trials_s"]
+        spent = 0.0
+        tolerances = {k: {"atol": v.atol, "rtol": v.rtol} for k, v in config.tolerances.items()}
+        try:
+            for i, kind in enumerate(kinds):
+                if i % chunk == 0:
+                    ref.call({"op": "chunk", "secret": secret, "start": i, "count": min(chunk, len(kinds) - i)},
+                             ref_limit + config.hang_ceiling_s)
+                staged = ref.call({"op": "stage", "i": i, "layout": layout.to_json(), "seeded": seeded}, ref_limit)
+                timed = kind == "timed"
+                checked = kind == "check"  # on these calls the runner also sends its inputs back, to be compared
+                sample = secrets.randbits(63) if timed else None  # timed calls are checked at positions drawn from it
+                t0 = time.monotonic()
+                call = _call(outcome, runner, {"op": "trial", "i": i, **_inputs(staged), "timed": timed, "poison": checked,
+                                               "return_inputs": checked}, t0 + budget - spent, "trials",
+                             staged.get("fingerprint"), sample)
+                spent += time.monotonic() - t0
+                outcome.trial = i
+                if call is None:
+                    return outcome
+                ms, took_ms, reply = call
+                if not isinstance(reply.get("outputs"), dict) or not isinstance(reply.get("after"), dict) \
+                        or (timed and not _is_time(ms)):
+                    return _violation(outcome, runner, f"the runner's report on call {i} is malformed")
+                check = ref.call({"op": "check", "i": i, "layout": layout.to_json(), "outputs": reply["outputs"],
+                                  "after": reply["after"], "inputs_back": checked, "tolerances": tolerances,
+                                  "sample": sample, "shape": reply.get("shape")}, ref_limit)
+                outcome.checked_calls += 1
+                if not check["ok"]:
+                    if check.get("malformed"):
+                        return _violation(outcome, runner, check["reason"])
+                    outcome.status = "incorrect"
+                    outcome.reason = _where(kind, i, config) + check["reason"]
+                    outcome.max_abs_diff = check.get("max_abs_diff") or 0.0
+                    return _finish(outcome, runner)
+                outcome.max_abs_diff = max(outcome.max_abs_diff, check.get("max_abs_diff") or 0.0)
+                if kind == "check":
+                    outcome.correctness_trials += 1
+                if timed:
+                    outcome.new_ms.append(float(ms))
+                    outcome.outside_ms.append(took_ms)
+            lap("trials_s")
+            runner.send({"op": "end"})
+            reply = runner.recv(time.monotonic() + max(5.0, budget - spent))
+            if not _answered(outcome, runner, reply, "end", "ended"):
+                return outcome
+            ref.call({"op": "release"}, ref_limit)
+        except ReferenceFailed as exc:
+            return _reference_failed(outcome, exc)
+        return _finish(outcome, runner)
 
 
 def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, output: dict[str, Any],

@@ -4,6 +4,7 @@ that keep starting so a runner's cold start (sandbox, torch, CUDA, the op guard)
 The two share one memfd (``exchange``) for tensors; the parent drives them in lockstep (``protocol``)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -11,6 +12,7 @@ from collections import deque
 from pathlib import Path
 
 from kevin_exp.bench.config import BenchConfig
+from kevin_exp.bench.device_gate import DeviceGate
 from kevin_exp.bench.exchange import ALIGN, new_exchange_fd
 from kevin_exp.bench.protocol import RunJob, RunOutcome, run_protocol
 from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceProcess, ReferenceTimings
@@ -29,6 +31,7 @@ class RunSlot:
         self._reference: ReferenceProcess | None = None
         self._standby: deque[WorkerProcess] = deque()
         self._reapers: list[threading.Thread] = []
+        self.gate = DeviceGate(run_root / f"device-gate-{index}") if config.backend == "cuda" else None
 
     def start(self) -> None:
         """Start the reference process and the standby runners (a batch does this first, so they start while
@@ -55,7 +58,8 @@ class RunSlot:
             self._top_up()  # the next ones start while this one runs (on CPU they would take the timed run's cores)
         t0 = time.monotonic()
         outcome = run_protocol(ref, worker, self.exchange_fd, self.timings, job, self.config, seed, quiet=self._quiet,
-                               refresh_reference=refresh_reference)
+                               refresh_reference=refresh_reference,
+                               device_quiet=self.gate.quiet if self.gate is not None else contextlib.nullcontext)
         run_s = time.monotonic() - t0
         self._retire(worker)
         if outcome.status == "reference_failed" and not ref.alive():
@@ -81,6 +85,8 @@ class RunSlot:
             os.close(self.exchange_fd)
         except OSError:
             pass
+        if self.gate is not None:
+            self.gate.close()
 
     def _take(self) -> WorkerProcess:
         while self._standby:
@@ -108,6 +114,7 @@ class RunSlot:
             threads=self.threads,
             max_output_bytes=cfg.max_output_bytes,
             forbid_new_tasks=cfg.forbid_new_tasks,
+            device_gate_fd=self.gate.runner_fd() if self.gate is not None else -1,
         )
 
     def _retire(self, worker: WorkerProcess) -> None:

@@ -245,7 +245,8 @@ class WorkerProcess(ChildProcess):
 
     def __init__(self, policy: SandboxPolicy, backend: str, slot: int, root_dir: Path, exchange_fd: int,
                  cuda_device: str | None = None, cache_dir: Path | None = None, memory_limit_gb: float = 8.0,
-                 threads: int = 0, max_output_bytes: int = 1 << 20, forbid_new_tasks: bool = True) -> None:
+                 threads: int = 0, max_output_bytes: int = 1 << 20, forbid_new_tasks: bool = True,
+                 device_gate_fd: int = -1) -> None:
         self.policy, self.backend, self.slot = policy, backend, slot
         self.workdir = root_dir / f"slot{slot}-{uuid.uuid4().hex[:12]}"
         self._lease = UidLease() if policy.mode == "namespace" and policy.drop_uid else None
@@ -277,7 +278,15 @@ class WorkerProcess(ChildProcess):
             cmd += ["--threads", str(threads)]
         if forbid_new_tasks:
             cmd += ["--forbid-new-tasks"]
-        super().__init__(cmd, env, write_fd, read_fd, (exchange_fd,), int(memory_limit_gb * (1 << 30)), max_output_bytes)
+        passed: tuple[int, ...] = (exchange_fd,)
+        if device_gate_fd >= 0:
+            cmd += ["--device-gate-fd", str(device_gate_fd)]
+            passed += (device_gate_fd,)
+        try:
+            super().__init__(cmd, env, write_fd, read_fd, passed, int(memory_limit_gb * (1 << 30)), max_output_bytes)
+        finally:
+            if device_gate_fd >= 0:
+                os.close(device_gate_fd)  # the runner's own description of the gate: only the runner holds it
         self._ready: dict[str, Any] | Ended | None = None
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any] | Ended:

@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--forbid-new-tasks", action="store_true")
+    parser.add_argument("--device-gate-fd", type=int, default=-1, help="held shared while CUDA starts (bench/device_gate.py)")
     parser.add_argument("--probe", action="store_true", help="set up the sandbox, import torch (and start CUDA on that backend), exit")
     args = parser.parse_args(argv)
     faulthandler.enable()  # a fatal signal leaves a Python traceback in the output the model sees
@@ -52,15 +53,9 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     torch.ones(1 << 16).sum()  # a parallel op starts the intra-op thread pool before new threads are forbidden
     if args.backend == "cuda":
-        torch.cuda.init()
-        # what a run does on the GPU, once, so that whatever the driver starts lazily starts before new tasks
-        # are forbidden: a kernel, copies both ways, events and a device-wide sync
-        from kevin_exp.bench.worker.timing import CacheFlusher, Timer
-
-        x = torch.ones(1 << 16).to("cuda")
-        CacheFlusher(torch.device("cuda")).flush()
-        Timer(torch.device("cuda"))(lambda: x.add(1))
-        x.cpu()
+        _start_cuda(args.device_gate_fd)
+    elif args.device_gate_fd >= 0:
+        os.close(args.device_gate_fd)
     # The guard's first entry, and an op under it, happen here rather than in the candidate's first forward.
     from kevin_exp.bench.runtime_guard import block_torch_compute
 
@@ -83,3 +78,21 @@ def main(argv: list[str] | None = None) -> None:
     sys.stderr.flush()
     # Skip interpreter teardown: a candidate's extension may crash in its destructors.
     os._exit(0)
+
+
+def _start_cuda(gate_fd: int) -> None:
+    """CUDA up, and what a run does on the GPU done once, so that whatever the driver starts lazily starts before
+    new tasks are forbidden: a kernel, copies both ways, events and a device-wide sync. Under the device gate:
+    never while a candidate is being timed on this GPU."""
+    import torch
+
+    from kevin_exp.bench.device_gate import starting_on_the_device
+
+    with starting_on_the_device(gate_fd):
+        torch.cuda.init()
+        from kevin_exp.bench.worker.timing import CacheFlusher, Timer
+
+        x = torch.ones(1 << 16).to("cuda")
+        CacheFlusher(torch.device("cuda")).flush()
+        Timer(torch.device("cuda"))(lambda: x.add(1))
+        x.cpu()

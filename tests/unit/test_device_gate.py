@@ -1,0 +1,75 @@
+"""The device gate between a slot's timed calls and its starting runners, with real processes holding it."""
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kevin_exp.bench.device_gate import DeviceGate
+
+HOLD = """
+import os, sys, time
+from kevin_exp.bench.device_gate import starting_on_the_device
+fd = int(sys.argv[1])
+with starting_on_the_device(fd):
+    print("holding", flush=True)
+    time.sleep(float(sys.argv[2]))
+try:
+    os.fstat(fd)
+    print("still open")
+except OSError:
+    print("closed")
+"""
+
+
+def start_runner(gate: DeviceGate, hold_s: float) -> subprocess.Popen:
+    fd = gate.runner_fd()
+    try:
+        return subprocess.Popen([sys.executable, "-c", HOLD, str(fd), str(hold_s)], pass_fds=(fd,), stdout=subprocess.PIPE,
+                                text=True)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def gate(tmp_path):
+    g = DeviceGate(tmp_path / "run" / "device-gate-0", wait_s=30.0)
+    yield g
+    g.close()
+
+
+def test_a_timed_run_waits_for_a_runner_starting_cuda_and_the_runner_lets_go_for_good(gate):
+    runner = start_runner(gate, 0.6)
+    assert runner.stdout.readline().strip() == "holding"
+    with gate.quiet() as waited:
+        assert waited > 0.2  # the runner still held it when the run asked
+        assert runner.wait(timeout=10) == 0
+    assert runner.stdout.read().strip() == "closed"  # the runner's own description, closed after its start-up
+
+
+def test_a_runner_starting_while_a_candidate_is_timed_waits_until_the_timing_ends(gate):
+    with gate.quiet() as waited:
+        assert waited < 5
+        runner = start_runner(gate, 0.0)
+        time.sleep(0.5)
+        assert runner.poll() is None  # blocked on the gate: it has not printed, nor exited
+        assert select.select([runner.stdout], [], [], 0)[0] == []
+    assert runner.stdout.readline().strip() == "holding"
+    assert runner.wait(timeout=10) == 0
+
+
+def test_a_runner_stuck_in_its_start_up_delays_a_run_only_up_to_the_limit(tmp_path):
+    gate = DeviceGate(tmp_path / "gate", wait_s=0.3)
+    fd = gate.runner_fd()
+    fcntl.flock(fd, fcntl.LOCK_SH)  # a runner that never finishes starting
+    try:
+        with gate.quiet() as waited:
+            assert 0.3 <= waited < 5
+    finally:
+        os.close(fd)
+        gate.close()
