@@ -23,15 +23,24 @@ try:
     os.fstat(fd)
     print("still open")
 except OSError:
-    print("closed")
+    print("closed", flush=True)
+time.sleep(float(sys.argv[3]))  # lives on, as a runner waiting for its candidate does
 """
 
 
-def start_runner(gate: DeviceGate, hold_s: float) -> subprocess.Popen:
+# the sandbox launcher forks the runner and waits for it, holding its own copy of every descriptor passed on
+LAUNCHER = """
+import subprocess, sys
+sys.exit(subprocess.run(sys.argv[1:], pass_fds=(int(sys.argv[4]),)).returncode)
+"""
+
+
+def start_runner(gate: DeviceGate, hold_s: float, live_s: float = 0.0) -> subprocess.Popen:
     fd = gate.runner_fd()
     try:
-        return subprocess.Popen([sys.executable, "-c", HOLD, str(fd), str(hold_s)], pass_fds=(fd,), stdout=subprocess.PIPE,
-                                text=True)
+        return subprocess.Popen([sys.executable, "-c", LAUNCHER, sys.executable, "-c", HOLD, str(fd), str(hold_s),
+                                 str(live_s)],
+                                pass_fds=(fd,), stdout=subprocess.PIPE, text=True)
     finally:
         os.close(fd)
 
@@ -50,6 +59,15 @@ def test_a_timed_run_waits_for_a_runner_starting_cuda_and_the_runner_lets_go_for
         assert waited > 0.2  # the runner still held it when the run asked
         assert runner.wait(timeout=10) == 0
     assert runner.stdout.read().strip() == "closed"  # the runner's own description, closed after its start-up
+
+
+def test_a_runner_lets_go_after_its_start_up_though_its_launcher_keeps_a_copy(gate):
+    runner = start_runner(gate, 0.0, live_s=3.0)
+    assert runner.stdout.readline().strip() == "holding"
+    assert runner.stdout.readline().strip() == "closed"  # started up; the launcher and the runner live on
+    with gate.quiet() as waited:
+        assert waited < 1.0 and runner.poll() is None
+    runner.wait(timeout=10)
 
 
 def test_a_runner_starting_while_a_candidate_is_timed_waits_until_the_timing_ends(gate):

@@ -21,7 +21,7 @@ POLL_S = 0.005
 
 
 class DeviceGate:
-    def __init__(self, path: Path, wait_s: float = 30.0) -> None:
+    def __init__(self, path: Path, wait_s: float = 5.0) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
         self.path, self.wait_s = path, wait_s
@@ -69,4 +69,7 @@ def starting_on_the_device(fd: int) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_SH)
         yield
     finally:
+        # unlocked explicitly: closing alone would keep the lock while any other process holds a copy of this
+        # description (the sandbox launcher that forked the runner does, for the runner's whole life)
+        fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
