@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+VLLM_DOUBLE = Path(__file__).parent / "vllm_double"
 
 
 def _has_gpu() -> bool:
@@ -43,6 +44,22 @@ def build_cache() -> Path:
     path = Path(tempfile.mkdtemp(prefix="kevin_exp_test_cache_"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def vllm_double(monkeypatch):
+    """``import vllm`` gives the test double of vLLM 0.33's API (tests/vllm_double) for this test."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(VLLM_DOUBLE))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import vllm
+
+    assert Path(vllm.__file__).is_relative_to(VLLM_DOUBLE)
+    vllm.LLM.log.clear()
+    yield vllm
+    sys.modules.pop("vllm", None)
 
 
 def fixture_text(*parts: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,31 @@ def init_process_group(ctx: DistContext, backend: str, timeout_s: float) -> None
         return
     torch.distributed.init_process_group(backend=backend, rank=ctx.rank, world_size=ctx.world_size,
                                          timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def join_process_group(ctx: DistContext, device: torch.device, timeout_s: float) -> None:
+    """The run's process group, made once (the launcher, the generator's engine or the learner may ask first): a
+    world of one gets its own, since DeepSpeed and vLLM's external-launcher engine always need one."""
+    os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))
+    if device.type == "cuda" and device.index is not None:  # a bare "cuda" means the current device already
+        torch.cuda.set_device(device)
+    if torch.distributed.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if ctx.distributed:
+        init_process_group(ctx, backend, timeout_s)
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    torch.distributed.init_process_group(backend, rank=0, world_size=1, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def barrier() -> None:

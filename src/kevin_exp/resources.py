@@ -72,7 +72,8 @@ class MemoryLayout:
     ranks_per_node: int = 1
     cpus_per_rank: int = 1
     eval_slot_gb: float = 0.0
-    # the vLLM engine's share of each GPU (0 until the vllm rollout backend exists)
+    # rollout.backend=vllm: the engine's whole share of each GPU while it is awake (weights, activations, KV
+    # cache); it sleeps (level 2, nothing left on the GPU) while the learner trains
     vllm_gb: float = 0.0
 
     @property
@@ -157,7 +158,25 @@ def layout_of(cfg: TrainConfig) -> MemoryLayout:
         generation_batch=ro.generation_batch_size, sequence_tokens=sequence, reference=cfg.algorithm.kl_coef > 0,
         world_size=max(1, r.nodes * r.ranks_per_node), ranks_per_node=r.ranks_per_node, cpus_per_rank=r.cpus_per_task,
         eval_slot_gb=cfg.evaluator.memory_limit_gb if cfg.evaluator.resolved_backend() == "cuda" else 0.0,
+        vllm_gb=_vllm_gb(cfg),
     )
+
+
+# an engine's own activations, CUDA graphs and sampler buffers beside its weights and KV cache (vLLM profiles
+# them at start; a few GB for 7B-32B models)
+VLLM_RUNTIME_GB = 2.0
+
+
+def _vllm_gb(cfg: TrainConfig) -> float:
+    """The engine's memory: its fraction of the GPU's total, or its weights (split over its tensor-parallel
+    GPUs) + the KV cache given in bytes + its runtime."""
+    v = cfg.rollout.vllm
+    if cfg.rollout.backend != "vllm":
+        return 0.0
+    if v.kv_cache_memory_bytes is None:
+        return float(v.gpu_memory_utilization) * cfg.resources.gpu_memory_gb
+    weights = BYTES.get(cfg.model.dtype, 2) * cfg.model.params_b * 1e9 / v.tensor_parallel_size
+    return (weights + v.kv_cache_memory_bytes) / GB + VLLM_RUNTIME_GB
 
 
 def estimate(x: MemoryLayout) -> MemoryEstimate:
@@ -175,9 +194,10 @@ def estimate(x: MemoryLayout) -> MemoryEstimate:
         host_offload = ((optim + 4 * p) / w if x.offload_optimizer == "cpu" else 0.0) \
             + (params / w if x.offload_params == "cpu" else 0.0)
         reference = (a * p / params_shards) if x.reference else 0.0
-        # ZeRO-3 trains a partitioned copy; the generator samples from a whole one in model.dtype (under ZeRO-2
-        # the engine trains the generator's own model: its weights are the ones counted above)
-        generator = BYTES[x.dtype] * p if x.zero_stage == 3 else 0.0
+        # ZeRO-3 trains a partitioned copy; the in-process generator samples from a whole one in model.dtype (under
+        # ZeRO-2 the engine trains the generator's own model: its weights are the ones counted above); a vLLM engine
+        # holds its own weights (in vllm_gb) and no whole copy stays beside the learner
+        generator = BYTES[x.dtype] * p if x.zero_stage == 3 and not x.vllm_gb else 0.0
         shards = w
         if x.zero_stage == 3:
             # the layer being computed and the one prefetched, gathered in full (the embedding the largest)
@@ -185,7 +205,9 @@ def estimate(x: MemoryLayout) -> MemoryEstimate:
             buffers = 2 * layer * a
         else:
             buffers = ZERO2_BUCKETS_GB * GB
-        load = CHECKPOINT_SHARD_GB * GB if x.zero_stage == 3 else a * p
+        # the whole model is read on each rank: onto the GPU beside ZeRO-3's copy, or (beside a vLLM engine) into
+        # host memory, once, to fill the partitioned copy
+        load = (BYTES[x.dtype] * p if x.vllm_gb else CHECKPOINT_SHARD_GB * GB) if x.zero_stage == 3 else a * p
     else:
         # the single-process learner: everything in model.dtype, AdamW's two moments in that dtype too
         a = BYTES[x.dtype]
@@ -196,7 +218,8 @@ def estimate(x: MemoryLayout) -> MemoryEstimate:
     # log-probs of the kept tokens: bf16 logits, their fp32 copy, the tempered logits, the log-softmax and the
     # gradient of the logits (16 bytes per vocabulary entry)
     logprobs = x.logprob_tokens * x.vocab * (16 if a == 2 else 20)
-    kv = x.generation_batch * x.sequence_tokens * x.layers * 2 * x.kv_dim * a if x.kv_dim and x.layers else 0.0
+    # the transformers rollout's KV cache (a vLLM engine's is inside vllm_gb)
+    kv = x.generation_batch * x.sequence_tokens * x.layers * 2 * x.kv_dim * a if x.kv_dim and x.layers and not x.vllm_gb else 0.0
     runtime = CUDA_CONTEXT_GB + (NCCL_GB if w > 1 else 0.0)
     ranks = x.ranks_per_node
     return MemoryEstimate(
@@ -246,7 +269,7 @@ def candidate_changes(x: MemoryLayout) -> list[tuple[str, dict[str, Any]]]:
     while tokens >= 2048:
         steps.append((f"trainer.micro_batch_tokens={tokens}", {"micro_batch_tokens": tokens}))
         tokens //= 2
-    batch = x.generation_batch // 2
+    batch = x.generation_batch // 2 if not x.vllm_gb else 0  # a vLLM engine's memory is its own setting
     while batch >= 1:
         steps.append((f"rollout.generation_batch_size={batch}", {"generation_batch": batch}))
         batch //= 2
@@ -337,8 +360,10 @@ def breakdown(x: MemoryLayout, est: MemoryEstimate) -> str:
         + ([f"the generator's whole model {est.generator_gb:.1f} GB"] if est.generator_gb else [])
     return (" + ".join(parts) + f", {where}; activations {est.activations_gb:.1f} GB "
             f"({x.micro_batch_tokens} tokens, checkpointing {'on' if x.activation_checkpointing else 'off'}) + log-probs "
-            f"{est.logprobs_gb:.1f} GB ({x.logprob_tokens} tokens) or rollout KV cache {est.kv_cache_gb:.1f} GB "
-            f"(rollout.generation_batch_size={x.generation_batch} x {x.sequence_tokens} tokens); buffers "
+            f"{est.logprobs_gb:.1f} GB ({x.logprob_tokens} tokens) or "
+            + (f"the vLLM engine {est.vllm_gb:.1f} GB (rollout.vllm.*)" if est.vllm_gb else
+               f"rollout KV cache {est.kv_cache_gb:.1f} GB (rollout.generation_batch_size={x.generation_batch} x "
+               f"{x.sequence_tokens} tokens)") + "; buffers "
             f"{est.buffers_gb:.1f} GB; CUDA/NCCL {est.runtime_gb:.1f} GB.")
 
 
@@ -348,7 +373,8 @@ def report_lines(x: MemoryLayout, est: MemoryEstimate, gpu_memory_gb: float, fra
             ("ZeRO buffers", est.buffers_gb), ("CUDA context + NCCL", est.runtime_gb),
             (f"activations ({x.micro_batch_tokens} tokens)", est.activations_gb),
             (f"log-prob buffers ({x.logprob_tokens} tokens)", est.logprobs_gb),
-            (f"rollout KV cache ({x.generation_batch} x {x.sequence_tokens})", est.kv_cache_gb), ("vLLM share", est.vllm_gb)]
+            (f"rollout KV cache ({x.generation_batch} x {x.sequence_tokens})", est.kv_cache_gb),
+            ("vLLM engine (asleep while training)", est.vllm_gb)]
     where = f"ZeRO-{x.zero_stage}" if x.sharded else "one process"
     lines = [f"model={x.model} ({x.params_b:g}B) trainer.backend={x.backend} ({where}, offload optimizer "
              f"{x.offload_optimizer}, params {x.offload_params}) on {x.world_size} GPU(s), {x.ranks_per_node} per node",

@@ -113,13 +113,16 @@ def build_policy_parts(cfg: TrainConfig, evaluation: bool = False) -> PolicyPart
     seed_everything(cfg.seed)
     pool = load_task_pool(cfg.tasks)
     device = resolve_device(cfg.trainer.device)
-    policy = load_policy(cfg.model, device)
+    # a ZeRO-3 learner beside an engine with its own weights only reads the whole model once, to fill its
+    # partitioned copy: it stays off the GPU, which the engine must find free when it starts
+    whole_on_host = cfg.rollout.backend == "vllm" and cfg.trainer.backend == "deepspeed" and cfg.trainer.zero_stage == 3
+    policy = load_policy(cfg.model, torch.device("cpu") if whole_on_host else device)
     tok = policy.tokenizer
     env = build_environment(cfg, vocab_size=len(tok))
     n_trajectories = cfg.eval.n_trajectories if evaluation else cfg.n_trajectories
     return PolicyParts(
         pool=pool, device=device, policy=policy,
-        generator=build_generator(cfg.rollout, policy, pool, env.backend, n_trajectories), env=env,
+        generator=build_generator(cfg, policy, pool, env.backend, n_trajectories, device), env=env,
         encode_prompt=lambda text: chat_prompt_ids(tok, text, cfg.model.system_prompt),
         count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)),
     )

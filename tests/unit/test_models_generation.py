@@ -13,7 +13,8 @@ import torch
 
 from kevin_exp.config import ModelConfig
 from kevin_exp.models import ModelConfigError, Policy, chat_prompt_ids, load_policy, smollm2_cache_dir
-from kevin_exp.rollout.generation import Generation, HFGenerator
+from kevin_exp.rollout.generation import Generation, HFGenerator, call_seed, plan_calls
+from kevin_exp.trainer.logprobs import pack, response_logprobs
 
 QUESTIONS = ["What is 2+2?", "Name a color.", "Say hi.", "List three fruits, comma separated.", "What is CUDA?"]
 
@@ -37,6 +38,13 @@ def smollm2(model_cache: Path) -> Policy:
 
 def _prompts(policy: Policy, questions: list[str] = QUESTIONS) -> list[list[int]]:
     return [chat_prompt_ids(policy.tokenizer, q) for q in questions]
+
+
+def _random_prompts(policy: Policy, lengths: tuple[int, ...] = (3, 11, 6, 17, 1, 9, 4)) -> list[list[int]]:
+    """Prompts of random tokens: the tiny model's greedy answers to them differ from row to row (to the chat
+    prompts it answers newlines only)."""
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randint(100, len(policy.tokenizer), (n,), generator=generator).tolist() for n in lengths]
 
 
 def _check_generation(gen: Generation, prompt: list[int], max_new_tokens: int, eos: int) -> None:
@@ -110,6 +118,100 @@ def test_generate_restores_train_mode(tiny: Policy):
         assert tiny.model.training
     finally:
         tiny.model.eval()
+
+
+def test_calls_are_grouped_by_length_within_both_budgets():
+    lengths = [3, 11, 6, 17, 1, 9, 4, 11]
+    for batch_size, batch_tokens in [(1, 0), (3, 0), (8, 0), (8, 60), (4, 45), (8, 10)]:
+        calls = plan_calls(lengths, 12, batch_size, batch_tokens)
+        assert sorted(i for call in calls for i in call) == list(range(len(lengths)))
+        order = [i for call in calls for i in call]
+        assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
+        assert order.index(1) < order.index(7)  # stable among equal lengths
+        for call in calls:
+            padded = len(call) * (max(lengths[i] for i in call) + 12)
+            assert len(call) <= batch_size
+            assert batch_tokens == 0 or padded <= batch_tokens or len(call) == 1
+    # longest + 12 = 29, 23, 18, 13: 2*29, 2*23 and 3*18 fit in 60; 3*29, 3*23 and 4*18 do not
+    assert plan_calls(lengths, 12, 8, 60) == [[3, 1], [7, 5], [2, 6, 0], [4]]
+    assert plan_calls(lengths, 12, 2, 0) == [[3, 1], [7, 5], [2, 6], [0, 4]]
+    assert [len(c) for c in plan_calls(lengths, 12, 8, 10)] == [1] * 8  # every prompt is over budget alone
+    assert call_seed(7, 1) == call_seed(7, 1) and len({call_seed(7, 1), call_seed(8, 0), call_seed(7, 0)}) == 3
+
+
+@pytest.mark.parametrize("batch_size, batch_tokens", [(8, 0), (3, 0), (8, 60), (2, 45), (8, 1)])
+def test_batched_greedy_output_equals_one_prompt_at_a_time(tiny: Policy, batch_size: int, batch_tokens: int):
+    prompts = _random_prompts(tiny)
+    alone = HFGenerator(tiny, batch_size=1).generate(prompts, 12, temperature=0.0, top_p=1.0, seed=0)
+    assert len({tuple(g.response_ids) for g in alone}) > 1  # the rows' answers differ, so order is checked
+    batched = HFGenerator(tiny, batch_size, batch_tokens).generate(prompts, 12, temperature=0.0, top_p=1.0, seed=3)
+    assert [g.prompt_ids for g in batched] == prompts  # input order
+    assert [g.response_ids for g in batched] == [g.response_ids for g in alone]
+    assert all(len(g.logprobs) == len(g.response_ids) for g in batched)
+
+
+def test_sampled_logprobs_equal_the_learners_with_grouped_padded_calls(tiny: Policy):
+    """logprob_diff near 0 in fp32: the recorded log-prob of every sampled token (temperature 0.7, top-p 0.9)
+    equals what the learner's scoring gives the same tokens, with prompts grouped into padded calls."""
+    prompts = _random_prompts(tiny)
+    gens = HFGenerator(tiny, batch_size=3, batch_tokens=70).generate(prompts, 16, temperature=0.7, top_p=0.9, seed=5)
+    assert [g.prompt_ids for g in gens] == prompts
+    assert all(len(g.logprobs) == len(g.response_ids) > 0 for g in gens)
+    batch = pack([g.prompt_ids for g in gens], [g.response_ids for g in gens], tiny.tokenizer.pad_token_id,
+                 torch.device("cpu"))
+    with torch.no_grad():
+        scored, _ = response_logprobs(tiny.model, batch, temperature=0.7, top_p=0.9)
+    width = batch.mask.shape[1]
+    for row, gen in enumerate(gens):
+        learner = scored[row, width - len(gen.response_ids):]
+        assert float((learner - torch.tensor(gen.logprobs)).abs().max()) < 1e-4
+
+
+def test_a_stop_string_ends_the_response_where_it_completes(tiny: Policy):
+    prompts = _random_prompts(tiny)
+    plain = HFGenerator(tiny, batch_size=8).generate(prompts, 16, temperature=0.0, top_p=1.0, seed=0)
+    decode = tiny.tokenizer.decode
+    # a stop string across the earliest change of token in a response: its first occurrence is mid-response
+    changes = {row: next(k for k in range(1, len(g.response_ids)) if g.response_ids[k] != g.response_ids[0])
+               for row, g in enumerate(plain) if len(set(g.response_ids)) > 1}
+    row = min(changes, key=changes.get)
+    source, change = plain[row], changes[row]
+    boundary = len(decode(source.response_ids[:change]))
+    stop = decode(source.response_ids)[boundary - 2:boundary + 1]
+    assert len(stop) == 3 and stop.strip()
+
+    stopped = HFGenerator(tiny, batch_size=8, stop=[stop]).generate(prompts, 16, temperature=0.0, top_p=1.0, seed=0)
+    hits = 0
+    for before, after in zip(plain, stopped):
+        # the first token after which the decoded response holds the stop string
+        end = next((k for k in range(len(before.response_ids)) if stop in decode(before.response_ids[:k + 1])), None)
+        assert len(after.logprobs) == len(after.response_ids)
+        if end is None:
+            assert after.response_ids == before.response_ids and after.text == before.text
+            continue
+        hits += 1
+        assert after.response_ids == before.response_ids[:end + 1]
+        text = decode(after.response_ids)
+        assert after.text == text[:text.index(stop)] and stop not in after.text
+        assert not after.truncated
+    assert hits >= 1 and stopped[row].response_ids == source.response_ids[:change + 1]
+
+
+def test_compiled_static_cache_decoding_gives_the_same_greedy_tokens(tiny: Policy):
+    prompts = _random_prompts(tiny)
+    plain = HFGenerator(tiny, batch_size=8).generate(prompts, 12, temperature=0.0, top_p=1.0, seed=0)
+    compiled = HFGenerator(tiny, batch_size=8, compile=True).generate(prompts, 12, temperature=0.0, top_p=1.0, seed=0)
+    assert [g.response_ids for g in compiled] == [g.response_ids for g in plain]
+    assert all(len(g.logprobs) == len(g.response_ids) for g in compiled)
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"batch_size": 0}, "batch_size"), ({"batch_size": -2}, "batch_size"), ({"batch_tokens": -1}, "batch_tokens"),
+    ({"stop": [""]}, "stop"), ({"stop": ["ok", ""]}, "stop"), ({"stop": "</answer>"}, "stop"),
+])
+def test_bad_generator_arguments_are_refused_by_name(tiny: Policy, kwargs: dict, named: str):
+    with pytest.raises(ValueError, match=rf"^{named}="):
+        HFGenerator(tiny, **kwargs)
 
 
 def test_smollm2_greedy_generation(smollm2: Policy):

@@ -103,9 +103,25 @@ def test_peak_is_the_states_plus_the_larger_phase_plus_cuda_and_nccl():
     assert est.per_gpu_gb == pytest.approx(est.runtime_gb + est.states_gb + est.buffers_gb
                                            + max(est.activations_gb + est.logprobs_gb, est.kv_cache_gb + est.vllm_gb))
     assert estimate(dataclasses.replace(QWQ, world_size=1, ranks_per_node=1)).runtime_gb == CUDA_CONTEXT_GB
-    more_vllm = estimate(dataclasses.replace(QWQ, vllm_gb=200.0))
-    assert more_vllm.per_gpu_gb == pytest.approx(est.per_gpu_gb - max(est.train_phase_gb, est.generate_phase_gb)
-                                                 + est.kv_cache_gb + 200.0)
+    # beside a vLLM engine: no whole copy of the model and no transformers KV cache; the engine's share is the
+    # generation phase
+    engine = estimate(dataclasses.replace(QWQ, vllm_gb=200.0))
+    assert est.generator_gb > 0 and engine.generator_gb == 0 and engine.kv_cache_gb == 0
+    assert engine.per_gpu_gb == pytest.approx(est.per_gpu_gb - est.generator_gb - max(est.train_phase_gb, est.generate_phase_gb)
+                                              + max(est.train_phase_gb, 200.0))
+
+
+def test_the_vllm_engine_share_comes_from_its_settings(vllm_double):
+    from kevin_exp.resources import VLLM_RUNTIME_GB, layout_of
+
+    base = ["experiment=kevin_7b", "resources=h100x8", KB]
+    hf = layout_of(compose_train(base))
+    assert hf.vllm_gb == 0
+    cfg = compose_train(base + ["rollout=vllm", "rollout.vllm.gpu_memory_utilization=0.4"])
+    assert layout_of(cfg).vllm_gb == pytest.approx(0.4 * cfg.resources.gpu_memory_gb)
+    cfg = compose_train(base + ["rollout=vllm", "rollout.vllm.gpu_memory_utilization=null",
+                                "rollout.vllm.kv_cache_memory_bytes=20000000000"])
+    assert layout_of(cfg).vllm_gb == pytest.approx(2 * cfg.model.params_b + 20 + VLLM_RUNTIME_GB)
 
 
 def test_host_memory_counts_every_rank_of_the_node():

@@ -11,13 +11,22 @@ and leave the caller's RNG state untouched.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Protocol
+from typing import Iterable, Iterator, Protocol, Sequence
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    CompileConfig,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
 
-from kevin_exp.config import RolloutConfig
+from kevin_exp.config import TrainConfig
 from kevin_exp.models import Policy
 from kevin_exp.rl.sampling import processed_logits
 from kevin_exp.tasks import Problem
@@ -26,11 +35,12 @@ from kevin_exp.tasks import Problem
 @dataclass
 class Generation:
     prompt_ids: list[int]
-    # generated tokens up to and including EOS if one was produced; never padding
+    # generated tokens up to and including EOS, or the token that completed a stop string, if one was
+    # produced; never padding
     response_ids: list[int]
-    # the response decoded without special tokens
+    # the response decoded without special tokens (cut before a stop string)
     text: str
-    # stopped at max_new_tokens without an EOS
+    # stopped at max_new_tokens without an EOS or a stop string
     truncated: bool
     # log-probability of each response token under the distribution it was sampled from (after temperature
     # and top-p); empty when the generator does not report them
@@ -38,6 +48,9 @@ class Generation:
 
 
 class Generator(Protocol):
+    # true for an engine with its own copy of the weights: the learner's are pushed to it every step
+    owns_weights: bool
+
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                  seed: int) -> list[Generation]: ...
 
@@ -50,21 +63,40 @@ class Generator(Protocol):
     def wake(self) -> None:
         """Take the memory back before the next generation."""
 
+    def pop_stats(self) -> dict[str, float]:
+        """Time and memory of the engine's transitions since the last call (metrics columns)."""
 
-def build_generator(cfg: RolloutConfig, policy: Policy, tasks: list[Problem], kernel_backend: str,
-                    n_trajectories: int) -> Generator:
-    if cfg.backend == "hf":
-        return HFGenerator(policy, cfg.generation_batch_size)
-    if cfg.backend == "scripted":
+    def close(self) -> None: ...
+
+
+def build_generator(cfg: TrainConfig, policy: Policy, tasks: list[Problem], kernel_backend: str,
+                    n_trajectories: int, device: torch.device) -> Generator:
+    ro = cfg.rollout
+    if ro.backend == "hf":
+        return HFGenerator(policy, ro.generation_batch_size, ro.generation_batch_tokens, ro.stop, ro.compile)
+    if ro.backend == "scripted":
         from kevin_exp.rollout.scripted import ScriptedGenerator
 
         return ScriptedGenerator(policy.tokenizer, tasks, kernel_backend, n_trajectories)
-    raise ValueError(f"rollout.backend={cfg.backend!r} has no generator")  # refused at composition already
+    if ro.backend == "vllm":
+        from kevin_exp.distributed import context_from_env
+        from kevin_exp.rollout.vllm_engine import VLLMGenerator
+
+        return VLLMGenerator(ro, cfg.model, policy, context_from_env(), cfg.seed, device, cfg.trainer.dist_timeout_s)
+    raise ValueError(f"rollout.backend={ro.backend!r} has no generator")  # refused at composition already
 
 
 class SharesTheLearnersWeights:
     """For generators that sample with the learner's own model in this process: there are no weights to push
     and no memory of their own to release."""
+
+    owns_weights = False
+
+    def pop_stats(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         pass
@@ -91,34 +123,79 @@ class _SampledDistribution(LogitsProcessor):
 
 
 class _DrawnTokenLogprobs(StoppingCriteria):
-    """Called by ``generate`` with the drawn token appended: records its log-probability; stops nothing."""
+    """Called by ``generate`` with the drawn token appended: records its log-probability and, given stop
+    strings, ends the rows whose response (the tokens after the ``prompt_width`` prompt columns) now ends a
+    stop string, noting the first step each row was ended that way (``stop_steps``)."""
 
-    def __init__(self, distribution: _SampledDistribution) -> None:
+    def __init__(self, distribution: _SampledDistribution, stop_strings: StopStringCriteria | None = None,
+                 prompt_width: int = 0) -> None:
         self.distribution = distribution
+        self.stop_strings, self.prompt_width = stop_strings, prompt_width
+        # kept on the model's device (no host sync per step); stacked once generate returns
         self.columns: list[torch.Tensor] = []
+        self._stop_steps: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
         step_logp = self.distribution.step_logp
         assert step_logp is not None, "generate called the stopping criteria before the logits processors"
-        self.columns.append(step_logp.gather(-1, input_ids[:, -1:]).squeeze(-1).cpu())
+        self.columns.append(step_logp.gather(-1, input_ids[:, -1:]).squeeze(-1))
         self.distribution.step_logp = None
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        if self.stop_strings is None:
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        # only the response is matched: a stop string may not begin inside the prompt
+        hit = self.stop_strings(input_ids[:, self.prompt_width:], scores)
+        if self._stop_steps is None:
+            self._stop_steps = torch.full((input_ids.shape[0],), -1, dtype=torch.long, device=input_ids.device)
+        step = len(self.columns) - 1
+        self._stop_steps = torch.where(hit & (self._stop_steps < 0), step, self._stop_steps)
+        return hit
+
+    def logprobs(self, rows: int) -> list[list[float]]:
+        """(rows x steps) log-probs of the drawn tokens, one list per row."""
+        return torch.stack(self.columns, dim=1).cpu().tolist() if self.columns else [[] for _ in range(rows)]
+
+    def stop_steps(self, rows: int) -> list[int]:
+        """Per row, the index of the response token that completed a stop string; -1 where none did."""
+        return self._stop_steps.cpu().tolist() if self._stop_steps is not None else [-1] * rows
 
 
 class HFGenerator(SharesTheLearnersWeights):
-    """Samples with ``model.generate`` in left-padded chunks of at most ``batch_size`` prompts. The policy's
-    model is the learner's, so there are no weights to push and no memory to release."""
+    """Samples with ``model.generate`` on the learner's own model (no weights to push, no memory to release).
 
-    def __init__(self, policy: Policy, batch_size: int = 16) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}: expected >= 1")
+    Prompts are sorted by length (longest first, stable) and cut into calls of at most ``batch_size`` rows
+    and, when ``batch_tokens`` > 0, at most ``batch_tokens`` padded tokens (rows x (longest prompt +
+    max_new_tokens)); a prompt over that budget on its own gets a call of its own. Rows are left-padded;
+    results come back in input order. Each call's seed is derived from ``seed`` and the call's index only.
+    ``stop``: strings that end a response (the token completing one is kept, the text is cut before it).
+    ``compile``: a static KV cache and a ``torch.compile``d decoding step (CUDA graphs on a GPU).
+    """
+
+    # under compile, the static cache's length is rounded up to a multiple of this, so prompt lengths that
+    # vary a little from one generate() to the next reuse one cache shape (no recompilation)
+    CACHE_LENGTH_STEP = 256
+
+    def __init__(self, policy: Policy, batch_size: int = 16, batch_tokens: int = 0, stop: Sequence[str] = (),
+                 compile: bool = False) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r}: expected an integer >= 1 (sequences per generate call)")
+        if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 0:
+            raise ValueError(f"batch_tokens={batch_tokens!r}: expected an integer >= 0 (padded tokens per generate "
+                             f"call; 0 for no limit)")
+        if isinstance(stop, str):
+            raise ValueError(f"stop={stop!r}: expected a list of stop strings, not one string")
+        stop = tuple(stop)
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError(f"stop={list(stop)!r}: every stop string must be a non-empty string (an empty one "
+                             f"would end every response)")
         self.policy = policy
-        self.batch_size = batch_size
+        self.batch_size, self.batch_tokens, self.stop, self.compile = batch_size, batch_tokens, stop, bool(compile)
         self.eos_ids = _eos_ids(policy)
         if not self.eos_ids:
             raise ValueError("the tokenizer and the model's generation config name no EOS token")
         pad = policy.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
+        # preprocesses the whole vocabulary once (transformers also caches it per tokenizer and strings)
+        self._stop_strings = StopStringCriteria(policy.tokenizer, list(stop)) if stop else None
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                  seed: int) -> list[Generation]:
@@ -127,6 +204,8 @@ class HFGenerator(SharesTheLearnersWeights):
             raise ValueError(f"max_new_tokens={max_new_tokens}: expected >= 1")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        if not prompts:
+            return []
         config = self._generation_config(max_new_tokens, greedy=temperature <= 0)
         model = self.policy.model
         was_training, defaults = model.training, model.generation_config
@@ -135,16 +214,20 @@ class HFGenerator(SharesTheLearnersWeights):
         # (top_k, min_p, repetition penalty, ...) must not apply. Swapped back below.
         model.generation_config = config
         model.eval()
-        out: list[Generation] = []
+        out: list[Generation | None] = [None] * len(prompts)
         try:
             with torch.no_grad():
-                for index, start in enumerate(range(0, len(prompts), self.batch_size)):
-                    out.extend(self._chunk(prompts[start:start + self.batch_size], config, temperature, top_p,
-                                           seed + index))
+                calls = plan_calls([len(p) for p in prompts], max_new_tokens, self.batch_size, self.batch_tokens)
+                for index, rows in enumerate(calls):
+                    generations = self._chunk([prompts[i] for i in rows], config, max_new_tokens, temperature,
+                                              top_p, call_seed(seed, index))
+                    for i, generation in zip(rows, generations):
+                        out[i] = generation
         finally:
             model.generation_config = defaults
             model.train(was_training)
-        return out
+        assert all(g is not None for g in out)
+        return out  # type: ignore[return-value]
 
     def _generation_config(self, max_new_tokens: int, greedy: bool) -> GenerationConfig:
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, num_beams=1,
@@ -154,10 +237,19 @@ class HFGenerator(SharesTheLearnersWeights):
             # temperature and top-p are applied by _SampledDistribution, not by the library's own warpers, so
             # the sampled distribution is exactly the learner's; top_k=0: no top-k cut (the fallback is 50)
             config.update(temperature=1.0, top_p=1.0, top_k=0)
+        if self.compile:
+            on_cuda = self.policy.model.device.type == "cuda"
+            # reduce-overhead: the decoding step replays as a CUDA graph; on other devices plain inductor
+            compile_config = CompileConfig(fullgraph=False, mode="reduce-overhead" if on_cuda else "default")
+            # generate() compiles only on accelerators unless told otherwise; compile=true means compile
+            compile_config._compile_all_devices = True
+            config.update(cache_implementation="static", compile_config=compile_config, disable_compile=False)
+        else:
+            config.update(disable_compile=True)
         return config
 
-    def _chunk(self, prompts: list[list[int]], config: GenerationConfig, temperature: float, top_p: float,
-               seed: int) -> list[Generation]:
+    def _chunk(self, prompts: list[list[int]], config: GenerationConfig, max_new_tokens: int, temperature: float,
+               top_p: float, seed: int) -> list[Generation]:
         device = self.policy.model.device
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -165,25 +257,65 @@ class HFGenerator(SharesTheLearnersWeights):
         for row, prompt in enumerate(prompts):
             input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt):] = 1
+        if self.compile:
+            step = self.CACHE_LENGTH_STEP
+            config.max_cache_len = -(-(width + max_new_tokens) // step) * step
         distribution = _SampledDistribution(temperature, top_p)
-        recorder = _DrawnTokenLogprobs(distribution)
+        recorder = _DrawnTokenLogprobs(distribution, self._stop_strings, width)
         with _forked_rng(device, seed):
             sequences = self.policy.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                                    generation_config=config,
                                                    logits_processor=LogitsProcessorList([distribution]),
                                                    stopping_criteria=StoppingCriteriaList([recorder]))
         new_tokens = sequences[:, width:].tolist()
-        logprobs = torch.stack(recorder.columns, dim=1).tolist() if recorder.columns else [[] for _ in prompts]
+        logprobs, stop_steps = recorder.logprobs(len(prompts)), recorder.stop_steps(len(prompts))
         eos = set(self.eos_ids)
         result = []
-        for prompt, tokens, token_logprobs in zip(prompts, new_tokens, logprobs):
-            stop = next((i for i, t in enumerate(tokens) if t in eos), None)
-            # after the first EOS come only pads (finished rows wait for the rest of the batch)
-            response = tokens if stop is None else tokens[:stop + 1]
+        for prompt, tokens, token_logprobs, stop_step in zip(prompts, new_tokens, logprobs, stop_steps):
+            # a finished row (EOS or stop string) waits for the rest of the call, padded
+            end = next((i for i, t in enumerate(tokens) if t in eos), None)
+            stopped_on_string = stop_step >= 0 and (end is None or stop_step < end)
+            if stopped_on_string:
+                end = stop_step
+            response = tokens if end is None else tokens[:end + 1]
             text = self.policy.tokenizer.decode(response, skip_special_tokens=True)
-            result.append(Generation(prompt_ids=list(prompt), response_ids=response, text=text, truncated=stop is None,
+            if stopped_on_string:
+                text = _cut_at_stop(text, self.stop)
+            result.append(Generation(prompt_ids=list(prompt), response_ids=response, text=text, truncated=end is None,
                                      logprobs=token_logprobs[:len(response)]))
         return result
+
+
+def plan_calls(lengths: Sequence[int], max_new_tokens: int, batch_size: int, batch_tokens: int = 0) -> list[list[int]]:
+    """Prompt indices per generate() call: sorted by length, longest first (stable), each call at most
+    ``batch_size`` rows and, when ``batch_tokens`` > 0, rows x (longest prompt + max_new_tokens) <=
+    ``batch_tokens`` (a prompt over that on its own goes alone). The longest call comes first, so running
+    out of memory shows at once and a static cache is sized once."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    calls: list[list[int]] = []
+    for i in order:
+        if calls:
+            current = calls[-1]
+            # the call's first row is its longest
+            padded = (len(current) + 1) * (lengths[current[0]] + max_new_tokens)
+            if len(current) < batch_size and (batch_tokens == 0 or padded <= batch_tokens):
+                current.append(i)
+                continue
+        calls.append([i])
+    return calls
+
+
+def call_seed(seed: int, index: int) -> int:
+    """The seed of a generate() call: a hash of (seed, the call's index), so neighbouring seeds share no call
+    seed (``seed + index`` would give seed 7's second call the same stream as seed 8's first)."""
+    digest = hashlib.blake2b(f"{int(seed)}/{int(index)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # < 2**63, accepted by every generator
+
+
+def _cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` up to its first stop string (whole when none appears in the decoded text)."""
+    found = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return text[:min(found)] if found else text
 
 
 def _eos_ids(policy: Policy) -> list[int]:

@@ -141,8 +141,9 @@ class Checkpointer:
         save_file(rng_tensors, str(tmp / f"rng_rank{rank}.safetensors"))
         (tmp / f"rng_rank{rank}.json").write_text(json.dumps(rng_state))
         collectives.barrier()
+        policy_state = learner.consolidated_state()  # gathered on rank 0 (a collective without a whole copy)
         if main:
-            save_model(_OwnStorage(learner.model), str(tmp / POLICY_FILE))
+            save_model(_StateHolder(policy_state), str(tmp / POLICY_FILE))
             state = {**(extra or {}), "step": step, "world_size": collectives.world_size(), "backend": "deepspeed"}
             (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
             for path in [*tmp.rglob("*"), tmp]:
@@ -189,22 +190,14 @@ class Checkpointer:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-class _OwnStorage:
-    """A model's state dict with every tensor in storage of its own (tied weights still sharing one), for
-    ``save_model``: ZeRO-2 makes the parameters views into one flat buffer, which safetensors refuses."""
+class _StateHolder:
+    """A state dict where ``save_model`` wants a model (it stores tensors that share storage once)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        copies: dict[tuple, torch.Tensor] = {}
-        out = {}
-        for name, tensor in self.model.state_dict().items():
-            key = (tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
-            if key not in copies:
-                copies[key] = tensor.detach().clone()
-            out[name] = copies[key]
-        return out
+        return self.state
 
 
 def find_checkpoint(path: str | Path) -> Path:

@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
 from kevin_exp.config import AlgorithmConfig, TrainerConfig
-from kevin_exp.distributed import DistContext, context_from_env, init_process_group
+from kevin_exp.distributed import context_from_env, join_process_group
 from kevin_exp.models.loading import _enable_checkpointing as enable_checkpointing
 from kevin_exp.models.partial_checkpointing import limit_checkpointing
 from kevin_exp.rl.loss import clipped_policy_loss
@@ -57,37 +56,11 @@ def import_deepspeed(device: torch.device):
     return deepspeed
 
 
-def join_process_group(ctx: DistContext, device: torch.device, timeout_s: float) -> None:
-    """The run's process group (the launcher may have made it already); a world of one gets its own, since
-    DeepSpeed always needs one."""
-    os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))
-    if device.type == "cuda" and device.index is not None:  # a bare "cuda" means the current device already
-        torch.cuda.set_device(device)
-    if torch.distributed.is_initialized():
-        return
-    if not ctx.distributed:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
-        import datetime
-
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1,
-                                             timeout=datetime.timedelta(seconds=timeout_s))
-        return
-    init_process_group(ctx, "nccl" if device.type == "cuda" else "gloo", timeout_s)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class DeepSpeedLearner:
     def __init__(self, model: torch.nn.Module, pad_id: int, trainer: TrainerConfig, algorithm: AlgorithmConfig,
                  max_new_tokens: int, total_steps: int, device: torch.device, temperature: float = 1.0,
-                 top_p: float = 1.0, run_dir: str | Path | None = None, load_universal: bool = False) -> None:
+                 top_p: float = 1.0, run_dir: str | Path | None = None, load_universal: bool = False,
+                 keep_generator_copy: bool = True) -> None:
         if algorithm.kl_coef > 0:
             raise ValueError("trainer=deepspeed has no reference policy: algorithm.kl_coef must be 0")  # refused at composition
         self.ctx = context_from_env()
@@ -114,7 +87,12 @@ class DeepSpeedLearner:
             model_parameters=[p for p in train_model.parameters() if p.requires_grad],
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda), dist_init_required=False)
         if self.engine.module is not model:
-            self.model.to(dtype=next(self.engine.module.parameters()).dtype)
+            if keep_generator_copy:
+                self.model.to(dtype=next(self.engine.module.parameters()).dtype)
+            else:
+                # the generator holds its own weights: the whole model was only the source of the partitioned copy
+                model.to("meta")
+                self.model = self.engine.module
         self.last_micro_batches = 0
 
     def _partitioned_copy(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -257,6 +235,35 @@ class DeepSpeedLearner:
                 out.extend(row[batch.mask[j].bool()].cpu() for j, row in enumerate(logp))
         return out
 
+    def generator_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The whole weights, one parameter at a time (a collective under ZeRO-3: every rank iterates them all);
+        each tensor is valid until the next one is asked for."""
+        with torch.no_grad():
+            for name, param in self.engine.module.named_parameters():
+                with self.deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                    yield name, param.data
+
+    def consolidated_state(self) -> dict[str, torch.Tensor] | None:
+        """The whole weights as one state dict on rank 0 (None elsewhere), every tensor in storage of its own and
+        tied names sharing one; without a whole copy it is gathered parameter by parameter (a collective)."""
+        if not _partitioned(self.model):
+            return _own_storage_state(self.model) if self.rank == 0 else None
+        names: dict[int, list[str]] = {}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(param), []).append(name)
+        state: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for param in self.model.parameters():
+                with self.deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                    if self.rank == 0:
+                        whole = param.data.detach().to("cpu", copy=True)
+                        for name in names[id(param)]:
+                            state[name] = whole
+        return state if self.rank == 0 else None
+
+    def parameter_count(self) -> int:
+        return sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())
+
     def sync_generator_weights(self) -> None:
         """The generator's model gets the updated weights (ZeRO-3: one gathered parameter at a time)."""
         if self.engine.module is self.model:
@@ -269,6 +276,23 @@ class DeepSpeedLearner:
 
     def named_parameters(self):
         return self.model.named_parameters()
+
+
+def _partitioned(model: torch.nn.Module) -> bool:
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def _own_storage_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state dict with every tensor in storage of its own (tied weights still sharing one): ZeRO-2
+    makes the parameters views into one flat buffer, which safetensors refuses."""
+    copies: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        if key not in copies:
+            copies[key] = tensor.detach().clone()
+        out[name] = copies[key]
+    return out
 
 
 def _logprob_diff_parts(samples: Sequence[LearnerSample], learner_logp: Mapping[int, torch.Tensor]) -> tuple[float, int, float | None]:

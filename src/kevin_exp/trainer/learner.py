@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import torch
 
@@ -66,6 +66,13 @@ class Learner(Protocol):
         """Gradient steps on one rollout batch; returns the step's learner metrics."""
         ...
 
+    def generator_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The current weights, whole, one parameter at a time (pushed to a generator with its own copy)."""
+        ...
+
+    def parameter_count(self) -> int:
+        ...
+
     def state_dict(self) -> dict[str, Any]:
         """Everything but the weights that an exact resume needs (optimizer, scheduler)."""
         ...
@@ -85,7 +92,9 @@ def build_learner(cfg: TrainConfig, model: torch.nn.Module, pad_id: int, device:
 
         return DeepSpeedLearner(model, pad_id, cfg.trainer, cfg.algorithm, cfg.rollout.max_new_tokens, cfg.steps, device,
                                 temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, run_dir=cfg.run_dir,
-                                load_universal=load_universal)
+                                load_universal=load_universal,
+                                # an engine with its own weights (rollout=vllm) needs no whole copy beside ZeRO-3's
+                                keep_generator_copy=cfg.rollout.backend != "vllm")
     raise ValueError(f"trainer.backend={cfg.trainer.backend!r} has no learner")  # refused at composition already
 
 
@@ -122,6 +131,12 @@ class TorchLearner:
                                              chunk_tokens=self.cfg.logprob_chunk_tokens)
                 out.extend(row[batch.mask[k].bool()].cpu() for k, row in enumerate(logp))
         return out
+
+    def generator_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.model.named_parameters())
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}

@@ -112,7 +112,7 @@ class TrainingRun:
         universal = sharded and latest is not None and saved_world_size(latest) not in (None, self.ctx.world_size)
         self.learner = build_learner(cfg, self.policy.model, self.policy.tokenizer.pad_token_id, self.parts.device,
                                      load_universal=universal)
-        self.n_params = sum(p.numel() for p in self.learner.model.parameters())
+        self.n_params = self.learner.parameter_count()
         self.peak_flops = device_peak_flops(self.device)
         self.start_step = 1
         if latest is not None:
@@ -161,12 +161,18 @@ class TrainingRun:
                 self.metric_logger.close()
                 self.folder.close()
             self.env.close()
+            self.generator.close()
         return history
 
     def train_step(self, step: int, progress: Progress) -> dict[str, Any]:
         cfg, parts, ctx = self.cfg, self.parts, self.ctx
         t_step = time.perf_counter()
         reset_gpu_peak(self.device)
+        if self.generator.owns_weights:
+            # the engine slept through training: weights back, the learner's current ones pushed (collective
+            # under ZeRO-3, one parameter at a time)
+            self.generator.wake()
+            self.generator.update_weights(self.learner.generator_weights())
         tasks = rank_share(pick_tasks(parts.pool, cfg.tasks_per_step, cfg.seed, step), ctx.rank, ctx.world_size)
         samples, times = run_rollout(tasks, self.generator, self.env, parts.encode_prompt, parts.count_tokens,
                                      rollout_settings(cfg, cfg.n_trajectories, cfg.n_turns, cfg.rollout.overlap),
@@ -184,9 +190,9 @@ class TrainingRun:
         stats = self.learner.train_step(TrainBatch(
             [LearnerSample(s.prompt_ids, s.response_ids, s.advantage, s.logprobs) for s in samples],
             seed=step_seed(cfg.seed, step)))
-        self.generator.update_weights(self.learner.model.named_parameters())
-        self.generator.wake()
         train_s = time.perf_counter() - t_train
+        engine_stats = self.generator.pop_stats()
+        engine_values = collectives.reduce_values(list(engine_stats.values()), "max") if engine_stats else []
         trained = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples
                       if s.response_ids and (s.advantage != 0.0 or cfg.algorithm.kl_coef > 0)) * cfg.trainer.epochs
         trained_tokens = collectives.reduce_values([trained], "sum")[0]
@@ -200,5 +206,7 @@ class TrainingRun:
                                   step_s, self.settings, cfg.model.usual_opening)
             metrics.update(scale_columns(ctx.world_size, trained_tokens, train_s, gpu_gb, rss_gb,
                                          mfu(self.n_params, trained_tokens, train_s, self.peak_flops, ctx.world_size)))
+            # the generator engine's transitions: seconds and GPU memory in use after each (max over ranks)
+            metrics.update({k: round(v, 4) for k, v in zip(engine_stats, engine_values)})
             self.records.append_metrics(metrics)
         return collectives.broadcast_object(metrics)
