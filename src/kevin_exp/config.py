@@ -137,8 +137,10 @@ class RolloutConfig:
     generation_batch_tokens: int = number(0, ge=0)
     # backend=hf: a static KV cache and a compiled decoding step (CUDA graphs on a GPU)
     compile: bool = False
-    # evaluate one half of the step's tasks while generating the other half
-    overlap: bool = True
+    # pipeline: each trajectory's next turn is generated as soon as its verdict is in (generation overlaps
+    # evaluation); halves: one half of the step's tasks is evaluated while the other half is generated; barrier:
+    # every turn waits for all its verdicts (kevin_exp/rollout/loop.py)
+    schedule: str = choice("pipeline", ("pipeline", "halves", "barrier"))
     # environment: kernel (the real evaluator) or synthetic (a compile-free reward, for tests)
     env: str = choice("kernel", ("kernel", "synthetic"))
     vllm: VLLMConfig = field(default_factory=VLLMConfig)

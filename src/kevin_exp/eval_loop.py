@@ -111,7 +111,7 @@ class EvaluationRun:
         cfg = self.cfg
         todo = [(n, b) for n, b in enumerate(self.batches(), start=1) if any(t.problem_id not in self.done_tasks for t in b)]
         progress = Progress(cfg.logger.progress, len(todo), 0, cfg.eval.n_turns)
-        settings = rollout_settings(cfg, cfg.eval.n_trajectories, cfg.eval.n_turns, overlap=False)
+        settings = rollout_settings(cfg, cfg.eval.n_trajectories, cfg.eval.n_turns, cfg.rollout.schedule)
         summaries = []
         try:
             for k, (number, batch) in enumerate(todo, start=1):

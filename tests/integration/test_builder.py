@@ -132,6 +132,18 @@ def test_syntax_error_is_a_build_error_with_the_log(builder: Builder) -> None:
     assert _no_entry(builder, spec)
 
 
+def test_a_failed_build_is_remembered_like_a_good_one(build_cache: Path) -> None:
+    spec = cpp_spec("remembered-failure", "torch::Tensor g(torch::Tensor x) { return x + }", functions=("g",))
+    with pytest.raises(BuildError) as first:
+        Builder(build_cache).build(spec)
+    t0 = time.perf_counter()
+    with pytest.raises(BuildError) as again:  # another builder on the same cache: a restarted evaluator
+        Builder(build_cache).build(spec)
+    assert time.perf_counter() - t0 < 1.0 and again.value.cached and not first.value.cached
+    assert str(again.value) == str(first.value) and again.value.log == first.value.log
+    assert Builder(build_cache).lookup(spec) is None
+
+
 def test_timeout_kills_the_compiler(build_cache: Path) -> None:
     # each constexpr evaluation runs into gcc's operation limit after seconds; 40 of them take minutes
     spin = ("template <int K> constexpr long spin() { long s = 0; for (long i = 0; i < 300000; ++i) "
@@ -147,6 +159,8 @@ def test_timeout_kills_the_compiler(build_cache: Path) -> None:
     time.sleep(0.5)
     leftovers = [p for p in Path("/proc").glob("[0-9]*") if _cmdline_has(p, module)]
     assert not leftovers, "compiler processes survived the timeout"
+    # a timeout may be the machine's load, not the sources: it is not remembered
+    assert not slow._failure(slow.cache_key(spec)).exists()
 
 
 def _cmdline_has(proc_dir: Path, needle: str) -> bool:

@@ -18,7 +18,7 @@ from tests.integration.deepspeed_ranks import REPO, free_port
 pytestmark = pytest.mark.gpu
 pytest.importorskip("deepspeed")
 
-RUN = ["model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=none", "trainer=deepspeed",
+RUN = ["model=tiny", "rollout.env=synthetic", "logger.progress=none", "trainer=deepspeed",
        "n_trajectories=4", "n_turns=2", "tasks_per_step=2", "rollout.max_new_tokens=16", "trainer.lr=1e-4",
        "trainer.dist_timeout_s=300"]
 

@@ -19,7 +19,7 @@ from tests.integration.deepspeed_ranks import run_ranks, start_ranks
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow
 
-RUN = ["model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=none", "trainer=deepspeed",
+RUN = ["model=tiny", "rollout.env=synthetic", "logger.progress=none", "trainer=deepspeed",
        "trainer.bf16=false", "trainer.offload_optimizer=none", "trainer.activation_checkpointing=false",
        "trainer.dist_timeout_s=60", "trainer.micro_batch_tokens=48", "n_trajectories=3", "n_turns=2",
        "tasks_per_step=2", "rollout.max_new_tokens=8", "trainer.lr=1e-3", "trainer.warmup_ratio=0"]

@@ -19,7 +19,7 @@ from kevin_exp.transcripts import read_transcripts
 from tests.helpers import compose_train
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = ["model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=none", "rollout.max_new_tokens=4"]
+SMALL = ["model=tiny", "rollout.env=synthetic", "logger.progress=none", "rollout.max_new_tokens=4"]
 IDS = "tasks.ids=[builtin/level1/1,builtin/level1/2,builtin/level1/3,builtin/level2/1,builtin/level2/2]"
 EVAL = [*SMALL, IDS, "eval.n_trajectories=3", "eval.n_turns=2", "eval.tasks_per_batch=2"]
 

@@ -14,7 +14,7 @@ import pytest
 from kevin_exp.records import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = ["model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=none", "n_trajectories=2",
+SMALL = ["model=tiny", "rollout.env=synthetic", "logger.progress=none", "n_trajectories=2",
          "n_turns=2", "tasks_per_step=1", "rollout.max_new_tokens=4", "steps=1"]
 
 

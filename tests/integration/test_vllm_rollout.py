@@ -29,7 +29,7 @@ def test_a_training_run_with_rollout_vllm_follows_the_lifecycle_and_records_it(t
     out, log = tmp_path / "run", tmp_path / "engine.jsonl"
     proc = subprocess.run(
         [sys.executable, "-m", "kevin_exp.train", "model=tiny", "rollout=vllm", "rollout.env=synthetic",
-         "rollout.overlap=false", "steps=2", "tasks_per_step=2", "n_trajectories=2", "n_turns=2",
+         "steps=2", "tasks_per_step=2", "n_trajectories=2", "n_turns=2",
          "rollout.max_new_tokens=8", "rollout.max_prompt_tokens=256", "trainer.device=cpu", "logger.progress=none",
          "trainer.lr=1e-2", f"hydra.run.dir={out}"],
         cwd=REPO, env=_double_env(log), capture_output=True, text=True, timeout=600)

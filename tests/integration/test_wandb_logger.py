@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = ["model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=none", "n_trajectories=2",
+SMALL = ["model=tiny", "rollout.env=synthetic", "logger.progress=none", "n_trajectories=2",
          "n_turns=1", "tasks_per_step=1", "rollout.max_new_tokens=4", "logger=wandb"]
 
 

@@ -113,7 +113,7 @@ def test_a_gamma_sweep_runs_as_three_slurm_jobs_with_their_own_records(tmp_path)
         assert f"{start['slurm_array_job_id']}_{start['slurm_array_task_id']}" == m["id"]
 
 
-SYNTHETIC = ["model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=lines", "steps=6",
+SYNTHETIC = ["model=tiny", "rollout.env=synthetic", "logger.progress=lines", "steps=6",
              "n_trajectories=3", "n_turns=2", "tasks_per_step=2", "rollout.max_new_tokens=8", "trainer.lr=1e-3"]
 
 
@@ -161,13 +161,13 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_with_every_row_once
 
 def test_an_evaluation_sweep_runs_through_slurm_like_training(tmp_path):
     trained = tmp_path / "trained"
-    subprocess.run(_train("model=tiny", "rollout.env=synthetic", "rollout.overlap=false", "logger.progress=none",
+    subprocess.run(_train("model=tiny", "rollout.env=synthetic", "logger.progress=none",
                           "steps=1", "n_trajectories=2", "n_turns=1", "rollout.max_new_tokens=4",
                           f"hydra.run.dir={trained}"), cwd=REPO, check=True, capture_output=True, timeout=600)
     sweep = tmp_path / "evals"
     proc = subprocess.run(
         [sys.executable, "-m", "kevin_exp.evaluate", "-m", "cluster=local_slurm", "resources=cpu", "model=tiny",
-         "rollout.env=synthetic", "rollout.overlap=false", "rollout.max_new_tokens=4", f"checkpoint={trained}",
+         "rollout.env=synthetic", "rollout.max_new_tokens=4", f"checkpoint={trained}",
          "tasks.ids=[builtin/level1/1,builtin/level2/1]", "eval.n_trajectories=2", "eval.n_turns=1,2",
          f"hydra.sweep.dir={sweep}", f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl"],
         cwd=REPO, capture_output=True, text=True, timeout=600)

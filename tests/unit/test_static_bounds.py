@@ -34,6 +34,7 @@ FIXTURE_RULES = {
     "cpu/import_marker.py": {"restrict_imports": False},
     "cpu/precompute_from_seed.py": {"no_timing_patch": False, "no_torch_compute": False, "restrict_imports": False},
     "cpu/slow_reference_patch.py": {"no_timing_patch": False, "no_torch_compute": False, "restrict_imports": False},
+    "cpu/zero_inputs_in_runner.py": {"no_timing_patch": False},
 }
 FIXTURE_REFUSED = {"cpu/build_flag_wrapper.py": "build_flags"}
 HONEST = sorted([*ROOT.glob("src/kevin_exp/tasks/builtin/solutions/*/*/*.py"), *ROOT.glob("tests/fixtures/c*/*.py")])

@@ -101,42 +101,25 @@ class Evaluator:
     def evaluate(self, items: Sequence[EvalItem], on_verdict: Callable[[Verdict], None] | None = None) -> list[Verdict]:
         """Verdicts in the order of ``items``; ``on_verdict`` (if given) sees each one as soon as it lands."""
         results: list[Verdict | None] = [None] * len(items)
-        run_queue: queue.Queue[_Pending | None] = queue.Queue()
-        waiting: list[tuple[_Pending, list[Future]]] = []
-        for index, item in enumerate(items):
-            try:
-                verdict, pending, futures = self._prepare(index, item)
-            except Exception as exc:  # noqa: BLE001 - an evaluator bug still yields a verdict
-                verdict, pending, futures = self._internal_error(item, exc), None, []
-            if verdict is not None:
-                results[index] = verdict
-                if on_verdict is not None:
-                    on_verdict(verdict)
-            else:
-                waiting.append((pending, futures))
-
         remaining = threading.Semaphore(0)
-        n_jobs = len(waiting)
 
-        def finish(index: int, verdict: Verdict) -> None:
+        def landed(index: int, verdict: Verdict) -> None:
             results[index] = verdict
             if on_verdict is not None:
                 on_verdict(verdict)
             remaining.release()
 
-        threads = [threading.Thread(target=self._serve, args=(slot, run_queue, finish), daemon=True)
-                   for slot in self._slots]
-        for t in threads:
-            t.start()
-        for pending, futures in waiting:
-            self._when_built(pending, futures, run_queue, finish)
-        for _ in range(n_jobs):
-            remaining.acquire()
-        for _ in threads:
-            run_queue.put(None)
-        for t in threads:
-            t.join()
+        with self.session() as session:
+            for index, item in enumerate(items):
+                session.submit(item, lambda verdict, index=index: landed(index, verdict))
+            for _ in items:
+                remaining.acquire()
         return [v if v is not None else self._internal_error(items[i], RuntimeError("no verdict")) for i, v in enumerate(results)]
+
+    def session(self) -> "EvalSession":
+        """A stream of evaluations: items submitted at any time, each verdict handed to its callback as soon as it
+        lands (the run slots are served for the session's life). One session at a time per evaluator."""
+        return EvalSession(self)
 
     def close(self) -> None:
         for slot in self._slots:
@@ -356,6 +339,58 @@ def _compile_workers(cfg: BenchConfig) -> int:
         mem_gb = 8.0
     per_build_gb = 3.0 if cfg.backend == "cuda" else 1.5  # measured peak RSS of one build
     return max(1, min(cores, int(mem_gb // per_build_gb)))
+
+
+class EvalSession:
+    """Evaluations submitted one at a time, their verdicts delivered as they land: what ``Evaluator.evaluate``
+    does for a batch, open for a rollout that submits each trajectory's turn as soon as it is generated. Static
+    checks run in ``submit`` (on the caller's thread); builds go to the evaluator's compile pool; built
+    candidates queue for the run slots, which this session serves until it is closed. Callbacks run on the
+    submitting, compile or slot threads and must be quick (hand the verdict to a queue)."""
+
+    def __init__(self, evaluator: Evaluator) -> None:
+        self.evaluator = evaluator
+        self._run_queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._callbacks: dict[int, Callable[[Verdict], None]] = {}
+        self._lock = threading.Lock()
+        self._next = 0
+        self._threads = [threading.Thread(target=evaluator._serve, args=(slot, self._run_queue, self._finish), daemon=True)
+                         for slot in evaluator._slots]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, item: EvalItem, done: Callable[[Verdict], None]) -> None:
+        with self._lock:
+            index, self._next = self._next, self._next + 1
+            self._callbacks[index] = done
+        ev = self.evaluator
+        try:
+            verdict, pending, futures = ev._prepare(index, item)
+        except Exception as exc:  # noqa: BLE001 - an evaluator bug still yields a verdict
+            verdict, pending, futures = ev._internal_error(item, exc), None, []
+        if verdict is not None:
+            self._finish(index, verdict)
+        else:
+            ev._when_built(pending, futures, self._run_queue, self._finish)
+
+    def _finish(self, index: int, verdict: Verdict) -> None:
+        with self._lock:
+            done = self._callbacks.pop(index)
+        done(verdict)
+
+    def close(self) -> None:
+        """Stops the slot threads once every queued candidate has run (submitted items whose builds are still
+        running get no verdict: close after the last one landed)."""
+        for _ in self._threads:
+            self._run_queue.put(None)
+        for t in self._threads:
+            t.join()
+
+    def __enter__(self) -> "EvalSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def evaluate(items: Sequence[EvalItem], config: BenchConfig | None = None) -> list[Verdict]:

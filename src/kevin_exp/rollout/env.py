@@ -1,8 +1,9 @@
 """The environment a rollout talks to: it writes each turn's prompt and scores each turn's response.
 
 ``KernelEnv`` is the real one (the evaluator in ``kevin_exp.bench``); ``SyntheticEnv`` scores responses
-without compiling anything, for learning tests. Both score a whole turn of responses in one call, so the
-evaluator sees a batch.
+without compiling anything, for learning tests. Both score a whole turn of responses in one call (``step``),
+so the evaluator sees a batch, or one response at a time as it comes (``scorer()``: a stream whose results are
+delivered as they land, for a rollout that does not wait for a whole turn).
 """
 from __future__ import annotations
 
@@ -40,8 +41,21 @@ class ScoreWeights:
     max_speedup: float | None = None
 
 
+class TurnScorer(Protocol):
+    def submit(self, task: Problem, response: str, response_ids: list[int], done: Callable[[TurnResult], None]) -> None:
+        """Score one response; ``done`` gets its result as soon as it is known (on any thread)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
 class Environment(Protocol):
     backend: str
+
+    def scorer(self) -> TurnScorer:
+        """A stream of single responses to score (closed by the caller once every result has landed)."""
+        ...
 
     def prompt(self, task: Problem, history: list[Attempt], max_tokens: int, count_tokens: Callable[[str], int]) -> tuple[str, int]:
         """The user message for the next turn and how many earlier attempts were dropped to fit."""
@@ -73,22 +87,57 @@ class KernelEnv:
         parsed = [parse_response(text) for text in responses]
         items = [EvalItem(t.problem_id, t.source, p.code) for t, p in zip(tasks, parsed) if p.ok]
         verdicts = iter(self.evaluator.evaluate(items)) if items else iter(())
-        results = []
-        for p in parsed:
-            if not p.ok:
-                attempt = Attempt(None, p.summary, "format_error", p.error)
-                results.append(TurnResult("format_error", False, 0.0, attempt, reason=p.error))
-                continue
-            v = next(verdicts)
-            score = turn_score(v.correct, v.speedup, self.weights.correctness, self.weights.speedup, self.max_speedup)
-            attempt = Attempt(p.code, p.summary, v.status.value, v.feedback, v.speedup if v.correct else None)
-            results.append(TurnResult(v.status.value, v.correct, score, attempt, v.speedup, v.runtime_ms,
-                                      v.ref_runtime_ms, v.reason, v.device, v.excessive_speedup,
-                                      suspect=v.status.value == "suspect"))
-        return results
+        return [self._result(p, next(verdicts) if p.ok else None) for p in parsed]
+
+    def scorer(self) -> "TurnScorer":
+        return _KernelScorer(self)
+
+    def _result(self, p, verdict) -> TurnResult:
+        """A parsed response's result: a format error, or its verdict scored."""
+        if verdict is None:
+            attempt = Attempt(None, p.summary, "format_error", p.error)
+            return TurnResult("format_error", False, 0.0, attempt, reason=p.error)
+        v = verdict
+        score = turn_score(v.correct, v.speedup, self.weights.correctness, self.weights.speedup, self.max_speedup)
+        attempt = Attempt(p.code, p.summary, v.status.value, v.feedback, v.speedup if v.correct else None)
+        return TurnResult(v.status.value, v.correct, score, attempt, v.speedup, v.runtime_ms, v.ref_runtime_ms, v.reason,
+                          v.device, v.excessive_speedup, suspect=v.status.value == "suspect")
 
     def close(self) -> None:
         self.evaluator.close()
+
+
+class _KernelScorer:
+    """KernelEnv's stream: a format error is scored at once, a kernel goes to an evaluation session."""
+
+    def __init__(self, env: KernelEnv) -> None:
+        self.env = env
+        self.session = env.evaluator.session()
+
+    def submit(self, task: Problem, response: str, response_ids: list[int], done: Callable[[TurnResult], None]) -> None:
+        from kevin_exp.bench.evaluator import EvalItem
+
+        p = parse_response(response)
+        if not p.ok:
+            done(self.env._result(p, None))
+            return
+        self.session.submit(EvalItem(task.problem_id, task.source, p.code), lambda v: done(self.env._result(p, v)))
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class ScoredAtOnce:
+    """The stream of an environment that scores without waiting (each response through ``step``)."""
+
+    def __init__(self, env: "Environment") -> None:
+        self.env = env
+
+    def submit(self, task: Problem, response: str, response_ids: list[int], done: Callable[[TurnResult], None]) -> None:
+        done(self.env.step([task], [response], [response_ids])[0])
+
+    def close(self) -> None:
+        pass
 
 
 class SyntheticEnv:
@@ -111,6 +160,9 @@ class SyntheticEnv:
             attempt = Attempt(None, "", "ok", f"score {share:.2f}", share)
             out.append(TurnResult("ok", True, share, attempt, speedup=share))
         return out
+
+    def scorer(self) -> ScoredAtOnce:
+        return ScoredAtOnce(self)
 
     def close(self) -> None:
         pass

@@ -52,7 +52,12 @@ class Generator(Protocol):
     owns_weights: bool
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 seed: int) -> list[Generation]: ...
+                 seed: int, seeds: Sequence[int] | None = None,
+                 trajectories: Sequence[int] | None = None) -> list[Generation]:
+        """One generation per prompt, in order. ``seeds`` (one per prompt): each prompt's tokens are a function of
+        (prompt, its seed, the weights) alone, whatever it is batched with; without them, of the call's ``seed``.
+        ``trajectories``: each prompt's trajectory within its task (what a scripted generator answers by)."""
+        ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load the learner's current weights (an engine with its own copy of the model)."""
@@ -110,16 +115,24 @@ class SharesTheLearnersWeights:
 
 class _SampledDistribution(LogitsProcessor):
     """The last logits processor (after it, ``generate`` only draws from the scores): applies the sampling
-    distribution and keeps this step's log-probabilities until the drawn token is known."""
+    distribution and keeps this step's log-probabilities until the drawn token is known. Given one random
+    generator per row, it draws each row's token itself and hands ``generate`` (decoding greedily then) scores
+    that allow only that token, so a row's sample does not depend on the rows beside it."""
 
-    def __init__(self, temperature: float, top_p: float) -> None:
+    def __init__(self, temperature: float, top_p: float, row_generators: list[torch.Generator] | None = None) -> None:
         self.temperature, self.top_p = temperature, top_p
+        self.row_generators = row_generators
         self.step_logp: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         scores = processed_logits(scores, self.temperature, self.top_p)
         self.step_logp = torch.log_softmax(scores.float(), dim=-1)
-        return scores
+        if self.row_generators is None:
+            return scores
+        probs = self.step_logp.exp()
+        drawn = torch.cat([torch.multinomial(probs[row], 1, generator=g) for row, g in enumerate(self.row_generators)])
+        only = torch.full_like(scores, float("-inf"))
+        return only.scatter_(1, drawn.view(-1, 1), 0.0)
 
 
 class _DrawnTokenLogprobs(StoppingCriteria):
@@ -198,15 +211,21 @@ class HFGenerator(SharesTheLearnersWeights):
         self._stop_strings = StopStringCriteria(policy.tokenizer, list(stop)) if stop else None
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 seed: int) -> list[Generation]:
-        """One generation per prompt, in input order; ``temperature`` 0 decodes greedily."""
+                 seed: int, seeds: Sequence[int] | None = None,
+                 trajectories: Sequence[int] | None = None) -> list[Generation]:
+        """One generation per prompt, in input order; ``temperature`` 0 decodes greedily; ``seeds``: one per
+        prompt (see ``Generator.generate``)."""
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"seeds: {len(seeds)} for {len(prompts)} prompts")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens}: expected >= 1")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         if not prompts:
             return []
-        config = self._generation_config(max_new_tokens, greedy=temperature <= 0)
+        per_row = seeds is not None and temperature > 0
+        # with a seed per row the rows are drawn by _SampledDistribution and generate() only takes its pick
+        config = self._generation_config(max_new_tokens, greedy=temperature <= 0 or per_row)
         model = self.policy.model
         was_training, defaults = model.training, model.generation_config
         # generate() fills every unset option from model.generation_config. The learner's ratios assume
@@ -220,7 +239,8 @@ class HFGenerator(SharesTheLearnersWeights):
                 calls = plan_calls([len(p) for p in prompts], max_new_tokens, self.batch_size, self.batch_tokens)
                 for index, rows in enumerate(calls):
                     generations = self._chunk([prompts[i] for i in rows], config, max_new_tokens, temperature,
-                                              top_p, call_seed(seed, index))
+                                              top_p, call_seed(seed, index),
+                                              [seeds[i] for i in rows] if per_row else None)
                     for i, generation in zip(rows, generations):
                         out[i] = generation
         finally:
@@ -249,7 +269,7 @@ class HFGenerator(SharesTheLearnersWeights):
         return config
 
     def _chunk(self, prompts: list[list[int]], config: GenerationConfig, max_new_tokens: int, temperature: float,
-               top_p: float, seed: int) -> list[Generation]:
+               top_p: float, seed: int, row_seeds: list[int] | None = None) -> list[Generation]:
         device = self.policy.model.device
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -260,7 +280,8 @@ class HFGenerator(SharesTheLearnersWeights):
         if self.compile:
             step = self.CACHE_LENGTH_STEP
             config.max_cache_len = -(-(width + max_new_tokens) // step) * step
-        distribution = _SampledDistribution(temperature, top_p)
+        generators = None if row_seeds is None else [torch.Generator(device=device).manual_seed(int(r)) for r in row_seeds]
+        distribution = _SampledDistribution(temperature, top_p, generators)
         recorder = _DrawnTokenLogprobs(distribution, self._stop_strings, width)
         with _forked_rng(device, seed):
             sequences = self.policy.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),

@@ -1,11 +1,22 @@
 """One training step's rollout: tasks x parallel trajectories x refinement turns.
 
-Every live trajectory of a turn is generated in one batched call per task group; the group's responses
-go to the environment as one batch. With ``overlap`` the tasks are split into two groups and one group
-is evaluated (in a background thread) while the other is being generated.
+Three schedules (``rollout.schedule``), with the same samples and records:
+
+- ``pipeline`` (default): a trajectory's next turn depends only on its own feedback, so it is generated as soon
+  as its verdict is in, in one batch with whatever else is ready then; each response goes to the environment's
+  stream (``Environment.scorer``) the moment it is generated. Generation of some trajectories overlaps the
+  evaluation of the others; the rollout waits only when nothing is ready to generate.
+- ``halves``: the tasks are split into two groups; one group's turn is evaluated (as one batch, in a background
+  thread) while the other's is generated.
+- ``barrier``: every turn waits for all of its verdicts.
+
+Each sample is drawn with a seed of its own, a function of (the step's seed, task, trajectory, turn), so what a
+trajectory generates does not depend on what it was batched with.
 """
 from __future__ import annotations
 
+import hashlib
+import queue
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,14 +54,18 @@ class RolloutSettings:
     max_prompt_tokens: int
     temperature: float
     top_p: float
-    overlap: bool = True
+    schedule: str = "pipeline"
+
+
+SCHEDULES = ("pipeline", "halves", "barrier")
 
 
 @dataclass
 class RolloutTimes:
     generate_s: float = 0.0
+    # seconds in evaluation (pipeline: wall time with at least one verdict outstanding)
     evaluate_s: float = 0.0
-    # evaluation time not hidden behind generation
+    # evaluation time not hidden behind generation: the rollout waited on verdicts with nothing to generate
     evaluate_wait_s: float = 0.0
 
 
@@ -72,8 +87,13 @@ def run_rollout(
     on_turn: Callable[[int, int, float], None] | None = None,
 ) -> tuple[list[TurnSample], RolloutTimes]:
     """Returns the samples ordered by (task, trajectory, turn) and where the time went."""
+    if settings.schedule not in SCHEDULES:
+        raise ValueError(f"schedule={settings.schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    if settings.schedule == "pipeline":
+        return _pipelined(tasks, generator, env, encode_prompt, count_tokens, settings, seed, on_turn)
     trajectories = [_Trajectory(t, j) for t in tasks for j in range(settings.n_trajectories)]
-    n_groups = 2 if settings.overlap and len(tasks) >= 2 else 1
+    positions = {t.problem_id: k for k, t in enumerate(tasks)}
+    n_groups = 2 if settings.schedule == "halves" and len(tasks) >= 2 else 1
     per_group = -(-len(tasks) // n_groups)
     width = per_group * settings.n_trajectories
     groups = [trajectories[g * width : (g + 1) * width] for g in range(n_groups)]
@@ -110,7 +130,10 @@ def run_rollout(
                         dropped.append(n_dropped)
                     t0 = time.perf_counter()
                     gens = generator.generate(prompts, settings.max_new_tokens, settings.temperature, settings.top_p,
-                                              seed=_generation_seed(seed, turn, gi))
+                                              seed=_generation_seed(seed, turn, gi),
+                                              seeds=[sample_seed(seed, positions[t.task.problem_id], t.index, turn)
+                                                     for t in group],
+                                              trajectories=[t.index for t in group])
                     seconds = time.perf_counter() - t0
                     times.generate_s += seconds
                     batch = []
@@ -130,6 +153,85 @@ def run_rollout(
                 fut.cancel()
     ordered = [samples[(t.problem_id, j, k)] for t in tasks for j in range(settings.n_trajectories) for k in range(settings.n_turns)]
     return ordered, times
+
+
+def _pipelined(tasks, generator, env, encode_prompt, count_tokens, settings: RolloutSettings, seed: int,
+               on_turn) -> tuple[list[TurnSample], RolloutTimes]:
+    """The ``pipeline`` schedule (module doc). Verdicts arrive on the environment's threads and are handed over
+    through a queue; prompts, generation and records stay on this thread."""
+    trajectories = [_Trajectory(t, j) for t in tasks for j in range(settings.n_trajectories)]
+    positions = {t.problem_id: k for k, t in enumerate(tasks)}
+    samples: dict[tuple[str, int, int], TurnSample] = {}
+    landed: queue.Queue[tuple[_Trajectory, TurnSample, TurnResult]] = queue.Queue()
+    times = RolloutTimes()
+    ready, outstanding, calls, reported = list(trajectories), 0, 0, -1
+    busy_since = 0.0  # when the outstanding count last rose from 0
+
+    def take(item: tuple[_Trajectory, TurnSample, TurnResult]) -> None:
+        nonlocal outstanding
+        traj, sample, result = item
+        sample.result = result
+        traj.history.append(result.attempt)
+        outstanding -= 1
+        if not outstanding:
+            times.evaluate_s += time.perf_counter() - busy_since
+        if len(traj.history) < settings.n_turns:
+            ready.append(traj)
+
+    scorer = env.scorer()
+    try:
+        while ready or outstanding:
+            if not ready:
+                t0 = time.perf_counter()
+                take(landed.get())
+                times.evaluate_wait_s += time.perf_counter() - t0
+            while True:  # everything else that has landed meanwhile
+                try:
+                    take(landed.get_nowait())
+                except queue.Empty:
+                    break
+            if not ready:  # what landed were last turns
+                continue
+            batch, ready = sorted(ready, key=lambda t: (positions[t.task.problem_id], t.index)), []
+            prompts, dropped = [], []
+            for traj in batch:
+                text, n_dropped = env.prompt(traj.task, traj.history, settings.max_prompt_tokens, count_tokens)
+                prompts.append(encode_prompt(text))
+                dropped.append(n_dropped)
+            turns = [len(t.history) for t in batch]
+            t0 = time.perf_counter()
+            gens = generator.generate(prompts, settings.max_new_tokens, settings.temperature, settings.top_p,
+                                      seed=_generation_seed(seed, calls, 0),
+                                      seeds=[sample_seed(seed, positions[t.task.problem_id], t.index, k)
+                                             for t, k in zip(batch, turns)],
+                                      trajectories=[t.index for t in batch])
+            seconds = time.perf_counter() - t0
+            times.generate_s += seconds
+            for traj, gen, n_dropped, turn in zip(batch, gens, dropped, turns):
+                sample = TurnSample(traj.task, traj.index, turn, gen.prompt_ids, gen.response_ids, gen.text,
+                                    gen.truncated, n_dropped, result=None,  # type: ignore[arg-type]
+                                    logprobs=list(gen.logprobs))
+                samples[(traj.task.problem_id, traj.index, turn)] = sample
+                if not outstanding:
+                    busy_since = time.perf_counter()
+                outstanding += 1
+                scorer.submit(traj.task, gen.text, gen.response_ids,
+                              lambda result, item=(traj, sample): landed.put((*item, result)))
+            if on_turn is not None and max(turns) > reported:  # progress: once per turn, when it is first generated
+                reported = max(turns)
+                on_turn(reported, 0, seconds)
+            calls += 1
+    finally:
+        scorer.close()
+    ordered = [samples[(t.problem_id, j, k)] for t in tasks for j in range(settings.n_trajectories) for k in range(settings.n_turns)]
+    return ordered, times
+
+
+def sample_seed(seed: int, task: int, trajectory: int, turn: int) -> int:
+    """The seed of one sample: a function of (the step's seed, the task's position in the step, trajectory,
+    turn), whatever schedule or batch generated it."""
+    digest = hashlib.blake2b(f"{seed}/{task}/{trajectory}/{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1)
 
 
 def _generation_seed(seed: int, turn: int, group: int) -> int:

@@ -9,6 +9,7 @@ log-probs (the tokens were not sampled), so ``logprob_diff`` is empty for it.
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
 from kevin_exp.rollout.generation import Generation, SharesTheLearnersWeights
 from kevin_exp.tasks import Problem
@@ -39,11 +40,13 @@ class ScriptedGenerator(SharesTheLearnersWeights):
         return "Okay, I am still thinking about the memory layout."
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 seed: int) -> list[Generation]:
+                 seed: int, seeds: Sequence[int] | None = None,
+                 trajectories: Sequence[int] | None = None) -> list[Generation]:
         out = []
         for i, ids in enumerate(prompts):
             task = self._task_of(self.tokenizer.decode(ids))
-            text = self.response(task, i % self.n)
+            # without trajectory numbers, prompts come n per task in trajectory order (a barrier rollout)
+            text = self.response(task, trajectories[i] if trajectories is not None else i % self.n)
             resp = self.tokenizer.encode(text, add_special_tokens=False)
             out.append(Generation(list(ids), resp, text, truncated=False))
         return out

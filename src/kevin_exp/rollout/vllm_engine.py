@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -126,7 +126,10 @@ class VLLMGenerator:
         self.weights_awake = self.kv_awake = self.pushed = False
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 seed: int) -> list[Generation]:
+                 seed: int, seeds: Sequence[int] | None = None,
+                 trajectories: Sequence[int] | None = None) -> list[Generation]:
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"seeds: {len(seeds)} for {len(prompts)} prompts")
         if not self.pushed:
             raise RuntimeError("generate before the learner's weights were pushed (wake(), update_weights())")
         if any(len(p) == 0 for p in prompts):
@@ -135,7 +138,8 @@ class VLLMGenerator:
             self._transition("wake_kv", lambda: self.llm.wake_up(tags=["kv_cache"]), free_cache=True)
             self.kv_awake = True
         params = [self.vllm.SamplingParams(n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_new_tokens,
-                                           stop=self.stop or None, logprobs=0, seed=request_seed(seed, i),
+                                           stop=self.stop or None, logprobs=0,
+                                           seed=int(seeds[i]) if seeds is not None else request_seed(seed, i),
                                            skip_special_tokens=True)
                   for i in range(len(prompts))]
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)

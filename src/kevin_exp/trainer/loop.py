@@ -76,9 +76,9 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 65_537) % (2**31 - 1)
 
 
-def rollout_settings(cfg: TrainConfig, n_trajectories: int, n_turns: int, overlap: bool) -> RolloutSettings:
+def rollout_settings(cfg: TrainConfig, n_trajectories: int, n_turns: int, schedule: str) -> RolloutSettings:
     return RolloutSettings(n_trajectories, n_turns, cfg.rollout.max_new_tokens, cfg.rollout.max_prompt_tokens,
-                           cfg.rollout.temperature, cfg.rollout.top_p, overlap)
+                           cfg.rollout.temperature, cfg.rollout.top_p, schedule)
 
 
 class TrainingRun:
@@ -142,7 +142,7 @@ class TrainingRun:
     # ------------------------------------------------------------------ the loop
     def fit(self) -> list[dict[str, Any]]:
         cfg = self.cfg
-        groups = 2 if cfg.rollout.overlap and cfg.tasks_per_step >= 2 else 1
+        groups = 2 if cfg.rollout.schedule == "halves" and cfg.tasks_per_step >= 2 else 1
         progress = Progress(cfg.logger.progress if self.ctx.is_main else "none", cfg.steps, self.start_step - 1, cfg.n_turns * groups)
         history = []
         main = self.ctx.is_main
@@ -175,7 +175,7 @@ class TrainingRun:
             self.generator.update_weights(self.learner.generator_weights())
         tasks = rank_share(pick_tasks(parts.pool, cfg.tasks_per_step, cfg.seed, step), ctx.rank, ctx.world_size)
         samples, times = run_rollout(tasks, self.generator, self.env, parts.encode_prompt, parts.count_tokens,
-                                     rollout_settings(cfg, cfg.n_trajectories, cfg.n_turns, cfg.rollout.overlap),
+                                     rollout_settings(cfg, cfg.n_trajectories, cfg.n_turns, cfg.rollout.schedule),
                                      seed=step_seed(cfg.seed, step) + ctx.rank,
                                      on_turn=lambda turn, group, s: progress.turn(step, turn, group, s) if ctx.is_main else None)
         assign_credit(samples, cfg.algorithm)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -43,11 +44,13 @@ WARM_CFLAGS = ((), ("-O3",))
 
 
 class BuildError(Exception):
-    """A failed build. ``str(e)`` is a one-line summary, ``e.log`` the full compiler output."""
+    """A failed build. ``str(e)`` is a one-line summary, ``e.log`` the full compiler output; ``timed_out``: the
+    compiler ran out of time (which a busier machine may cause, so it is not remembered); ``cached``: the same
+    sources failed before and the failure was read back."""
 
-    def __init__(self, summary: str, log: str = "") -> None:
+    def __init__(self, summary: str, log: str = "", timed_out: bool = False, cached: bool = False) -> None:
         super().__init__(summary)
-        self.log = log
+        self.log, self.timed_out, self.cached = log, timed_out, cached
 
 
 @dataclass(frozen=True)
@@ -121,15 +124,38 @@ class Builder:
         return cache.entry_dir(self.cache_dir, "ext", key)
 
     def _hit(self, key: str, t0: float) -> BuildResult | None:
+        """The cached build of ``key``; raises its cached BuildError where the same sources failed before."""
         module = self.module_name(key)
         so = self._entry(key) / f"{module}.so"
         if so.exists() and (so.parent / "meta.json").exists():
             return BuildResult(so, module, True, time.perf_counter() - t0, key)
+        failed = self._failure(key)
+        if failed.exists():
+            record = json.loads(failed.read_text())
+            raise BuildError(record["summary"], record["log"], cached=True)
         return None
 
+    def _failure(self, key: str) -> Path:
+        return cache.entry_dir(self.cache_dir, "failed", key) / "failure.json"
+
+    def _remember_failure(self, key: str, error: BuildError) -> None:
+        """A compile error is a property of the sources and flags (the key): the next identical candidate gets
+        the same verdict without compiling. Timeouts are not kept."""
+        if error.timed_out:
+            return
+        path = self._failure(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        cache.write_json(tmp, {"summary": str(error), "log": error.log, "builder": BUILDER_VERSION})
+        os.replace(tmp, path)
+
     def lookup(self, spec: ExtensionSpec) -> BuildResult | None:
+        """The cached build of ``spec``, or None (not built yet, or failed)."""
         t0 = time.perf_counter()
-        return self._hit(self.cache_key(spec), t0)
+        try:
+            return self._hit(self.cache_key(spec), t0)
+        except BuildError:
+            return None
 
     # -- building ---------------------------------------------------------------------------------
     def _check(self, spec: ExtensionSpec) -> None:
@@ -155,7 +181,11 @@ class Builder:
                 return hit
             tmp = cache.new_tmp_dir(final)
             try:
-                meta = self._build_into(spec, key, tmp)
+                try:
+                    meta = self._build_into(spec, key, tmp)
+                except BuildError as error:
+                    self._remember_failure(key, error)
+                    raise
                 meta["seconds"] = round(time.perf_counter() - t0, 3)
                 cache.write_json(tmp / "meta.json", meta)
                 _hide_all_but_the_module(tmp)
@@ -199,7 +229,7 @@ class Builder:
         output = drop_foreign_quotes(res.output)
         log = f"{output}\n$ {' '.join(res.argv)}\n" + (f"\n== all build steps ==\n{drop_foreign_quotes(earlier)}" if earlier else "")
         if res.timed_out:
-            return BuildError(f"build timed out after {self.timeout_s:g} s ({unit})", log)
+            return BuildError(f"build timed out after {self.timeout_s:g} s ({unit})", log, timed_out=True)
         return BuildError(f"{unit} failed: {_first_error(output)}", log)
 
     # -- warm-up ------------------------------------------------------------------------------------
