@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on a GPU machine (the image already has torch, numpy, ninja, pytest): GPU tests and GPU benchmarks.
 # Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [STAGES] [test paths / pytest args...]
-# STAGES: comma-separated contention,cost,bench,bench128,tests,adversarial,fidelity,train,mfu,generation,compare,compile
+# STAGES: comma-separated contention,cost,bench,bench128,tests,adversarial,fidelity,train,mfu,generation,step,compare,compile
 # (default all, in that order),
 # e.g. bash scripts/gpu_check.sh cost,bench
 # Carry .whl and .gpu-carry/smollm2_tokenizer (a saved SmolLM2 tokenizer): bash scripts/prepare_gpu_carry.sh makes both.
@@ -70,6 +70,9 @@ fi
 if has generation; then  # the transformers rollout: new tokens/s before and after batching and compile
   timeout 540 $py benchmarks/generation_speed.py ${KEVIN_EXP_TOKENIZER:+--tokenizer "$KEVIN_EXP_TOKENIZER"} \
     --out "$out/generation.json" 2>&1 | tee "$out/generation.txt"
+fi
+if has step; then  # a Kevin-shaped step (8 x 16 x 2) by rollout schedule: how much of it waits on verdicts
+  timeout 570 $py benchmarks/step_time.py --backend cuda --out "$out/step.json" 2>&1 | tee "$out/step.txt"
 fi
 if has compare; then  # fewer standby workers per GPU, to see what they buy
   timeout 150 $py benchmarks/eval_throughput.py --backend cuda --n 24 --standby 3 2>&1 | tee "$out/throughput-standby3.txt"

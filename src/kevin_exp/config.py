@@ -210,9 +210,39 @@ class AlgorithmConfig:
 
 
 @dataclass
+class RemoteEvaluatorConfig:
+    """``evaluator.placement=remote``: evaluator workers on other SLURM nodes, started and scaled by
+    dask-jobqueue (docs/remote-evaluation.md); each runs the same sandboxed node-level evaluator."""
+
+    # SLURM jobs, one evaluator worker (one node's evaluator) each; a job that dies is replaced
+    workers: int = number(1, ge=1)
+    # cores, memory and GPUs of one worker's job
+    cores: int = number(16, ge=1)
+    memory_gb: float = number(64.0, gt=0)
+    gpus: int = number(1, ge=0)
+    # SLURM partition and account (null: the cluster's defaults)
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    walltime_min: int = number(240, ge=1)
+    # network interface the workers reach the training job's scheduler on (null: the host's default address)
+    interface: Optional[str] = None
+    # where the workers' SLURM logs go (null: <run dir>/evaluator-workers)
+    log_dir: Optional[str] = None
+    # extra `#SBATCH` options, e.g. ["--constraint=h100"]
+    job_extra: list[str] = field(default_factory=list)
+    # candidates in flight on one worker at once (its compile pool and run slots take them from there)
+    in_flight: int = number(64, ge=1)
+    # how long the first worker may take to start before the run stops with an error
+    start_timeout_s: float = number(600.0, gt=0)
+
+
+@dataclass
 class EvaluatorConfig:
     # auto: cuda when a GPU is visible, else cpu
     backend: str = choice("auto", ("auto", "cpu", "cuda"))
+    # local: the evaluator runs on this rank's node; remote: on evaluator workers on other SLURM nodes
+    placement: str = choice("local", ("local", "remote"))
+    remote: RemoteEvaluatorConfig = field(default_factory=RemoteEvaluatorConfig)
     correctness_trials: int = number(5, ge=1)
     warmup_trials: int = number(5, ge=0)
     timed_trials: int = number(100, ge=1)
@@ -268,6 +298,15 @@ class EvaluatorConfig:
         if self.hang_floor_s > self.hang_ceiling_s:
             problems.append(f"{prefix}hang_floor_s={self.hang_floor_s} is above {prefix}hang_ceiling_s="
                             f"{self.hang_ceiling_s}: lower the floor or raise the ceiling")
+        if self.placement == "remote":
+            import importlib.util
+            import shutil
+
+            if importlib.util.find_spec("dask_jobqueue") is None:
+                problems.append(f"{prefix}placement=remote: dask-jobqueue is not installed; pip install -e '.[remote]'")
+            if shutil.which("sbatch") is None:
+                problems.append(f"{prefix}placement=remote: no SLURM here (sbatch not found); remote evaluator workers are "
+                                "SLURM jobs: run on a cluster's login or compute node, or use placement=local")
         return problems
 
     def resolved_backend(self) -> str:

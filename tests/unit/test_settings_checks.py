@@ -65,6 +65,16 @@ def test_cross_field_rules():
         compose_train(["tasks.split=kevin_train"])
 
 
+def test_remote_placement_needs_slurm(monkeypatch, tmp_path):
+    import shutil
+
+    if shutil.which("sbatch"):
+        compose_train(["evaluator.placement=remote"])  # dask-jobqueue is a test dependency; SLURM is here
+    monkeypatch.setenv("PATH", str(tmp_path))  # a machine without SLURM's commands
+    with pytest.raises(ConfigError, match=r"evaluator.placement=remote: no SLURM here \(sbatch not found\)"):
+        compose_train(["evaluator.placement=remote"])
+
+
 def test_every_problem_is_named_once_in_one_error():
     with pytest.raises(ConfigError) as caught:
         compose_train(["gamma=2", "n_turns=0"])

@@ -100,21 +100,7 @@ class Evaluator:
 
     def evaluate(self, items: Sequence[EvalItem], on_verdict: Callable[[Verdict], None] | None = None) -> list[Verdict]:
         """Verdicts in the order of ``items``; ``on_verdict`` (if given) sees each one as soon as it lands."""
-        results: list[Verdict | None] = [None] * len(items)
-        remaining = threading.Semaphore(0)
-
-        def landed(index: int, verdict: Verdict) -> None:
-            results[index] = verdict
-            if on_verdict is not None:
-                on_verdict(verdict)
-            remaining.release()
-
-        with self.session() as session:
-            for index, item in enumerate(items):
-                session.submit(item, lambda verdict, index=index: landed(index, verdict))
-            for _ in items:
-                remaining.acquire()
-        return [v if v is not None else self._internal_error(items[i], RuntimeError("no verdict")) for i, v in enumerate(results)]
+        return evaluate_in_session(self.session(), items, on_verdict, self._internal_error)
 
     def session(self) -> "EvalSession":
         """A stream of evaluations: items submitted at any time, each verdict handed to its callback as soon as it
@@ -339,6 +325,29 @@ def _compile_workers(cfg: BenchConfig) -> int:
         mem_gb = 8.0
     per_build_gb = 3.0 if cfg.backend == "cuda" else 1.5  # measured peak RSS of one build
     return max(1, min(cores, int(mem_gb // per_build_gb)))
+
+
+def evaluate_in_session(session: Any, items: Sequence[EvalItem], on_verdict: Callable[[Verdict], None] | None,
+                        missing: Callable[[EvalItem, BaseException], Verdict]) -> list[Verdict]:
+    """A batch through a session (local or remote): every item submitted, the verdicts in the items' order once
+    all have landed (``on_verdict`` sees each as it lands); the session is closed after."""
+    results: list[Verdict | None] = [None] * len(items)
+    remaining = threading.Semaphore(0)
+
+    def landed(index: int, verdict: Verdict) -> None:
+        results[index] = verdict
+        if on_verdict is not None:
+            on_verdict(verdict)
+        remaining.release()
+
+    try:
+        for index, item in enumerate(items):
+            session.submit(item, lambda verdict, index=index: landed(index, verdict))
+        for _ in items:
+            remaining.acquire()
+    finally:
+        session.close()
+    return [v if v is not None else missing(items[i], RuntimeError("no verdict")) for i, v in enumerate(results)]
 
 
 class EvalSession:

@@ -91,10 +91,18 @@ def build_environment(cfg: TrainConfig, vocab_size: int):
         return SyntheticEnv(target_below=max(1, vocab_size // 8))
     if cfg.rollout.env != "kernel":
         raise ValueError(f"rollout.env={cfg.rollout.env!r}: expected kernel or synthetic")
+    weights = ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight)
+    if cfg.evaluator.placement == "remote":
+        from kevin_exp.bench.remote import RemoteEvaluator, RemoteSettings
+
+        r = cfg.evaluator.remote
+        log_dir = r.log_dir or str(Path(cfg.run_dir or ".") / "evaluator-workers")
+        settings = RemoteSettings(**{**dataclasses.asdict(r), "job_extra": tuple(r.job_extra), "log_dir": log_dir})
+        # each worker's evaluator uses its own job's cores
+        return KernelEnv(RemoteEvaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=r.cores), settings), weights)
     from kevin_exp.bench.evaluator import Evaluator
 
     # this rank's share of the node's cores (thread_count splits them among the node's ranks)
     with rank_gpu_visible():
         evaluator = Evaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=thread_count(cfg.resources)))
-    weights = ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight)
     return KernelEnv(evaluator, weights)
