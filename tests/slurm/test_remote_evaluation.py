@@ -70,6 +70,7 @@ def test_a_remote_step_records_what_a_local_step_records(tmp_path):
 
 def test_killing_the_remote_workers_job_mid_step_still_completes_the_step(tmp_path):
     killed: list[str] = []
+    replaced: list[str] = []
 
     def kill_after_the_first_verdict(run: TrainingRun) -> None:
         evaluator = run.env.evaluator
@@ -78,9 +79,14 @@ def test_killing_the_remote_workers_job_mid_step_still_completes_the_step(tmp_pa
         jobs = evaluator.worker_jobs()
         subprocess.run(["scancel", *jobs], check=True)
         killed.extend(jobs)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not replaced:
+            replaced.extend(j for j in evaluator.worker_jobs() if j not in killed)
+            time.sleep(0.2)
 
     rows = _step(tmp_path, "killed", REMOTE, during=kill_after_the_first_verdict)
     assert killed, "no worker job was killed"
+    assert replaced, "no job replaced the killed worker"
     assert len(rows) == 2 * 3 * 2 and len({(r["task_id"], r["trajectory"], r["turn"]) for r in rows}) == len(rows)
     assert {r["status"] for r in rows} >= {"ok", "compile_error", "format_error"}
     # every kernel got a real verdict: none was lost with the killed worker
