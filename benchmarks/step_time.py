@@ -8,7 +8,7 @@ A Kevin-shaped step is 8 tasks x 16 trajectories x 2 turns. The policy is random
 the width and depth of Qwen2.5-0.5B (hidden 896, 24 layers, 14 heads, MLP 4864) with SmolLM2's 49k vocabulary,
 about 0.4B parameters; or the tiny Llama), so its responses are scripted: each (task, trajectory, turn) gets, by a
 fixed hash, one of the built-in suite's solutions made distinct by a comment (nothing is served from the compile
-cache), the same solution broken so it does not compile, one that returns a wrong output, one that never returns
+cache), the same solution broken so it does not compile, one that writes half its output, one that never returns
 (a hang, ended by the evaluator's time limit), or prose with no code, at the shares of ``--shares``. Generation
 still costs what the policy's decoding costs: before answering, the generator decodes ``--pace-tokens`` tokens per
 response with the policy (batched as the schedule batches them) and throws them away. The learner then trains on
@@ -73,10 +73,13 @@ class MixedScript(ScriptedGenerator):
         code = code.replace('r"""\n', f'r"""\n// {self.tag} {task.problem_id} {trajectory} {turn}\n', 1)
         if kind == "compile_error":
             code = re.sub(r"(#include[^\n]*\n)", r"\1int broken( {\n", code, count=1)
-        elif kind == "wrong":
-            code = re.sub(r"(def forward\(self[^\n]*\n\s+return )([^\n]+)", r"\1(\2) + 1.0", code, count=1)
+        elif kind == "wrong":  # the kernel writes half its output (the rest is whatever empty_like left)
+            if "numel()" not in code:
+                return "Okay, I am still thinking about the memory layout."
+            code = code.replace("numel()", "numel() / 2", 1)
         elif kind == "hang":
-            code = re.sub(r"(def forward\(self[^\n]*\n)(\s+)", r"\1\2while True:\n\2    pass\n\2", code, count=1)
+            code = re.sub(r"(def forward\(self[^\n]*\n)(\s+)", r"\1\2spin = 0\n\2while True:\n\2    spin += 1\n\2",
+                          code, count=1)
         return f"Okay, try this.\n{CODE_FENCE}python\n{code}\n{CODE_FENCE}\nSummary: {kind}."
 
     def generate(self, prompts, max_new_tokens, temperature, top_p, seed, seeds=None, trajectories=None) -> list[Generation]:
