@@ -13,6 +13,7 @@ import dataclasses
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from kevin_exp.bench import BenchConfig, Status
 from kevin_exp.bench.evaluator import EvalItem
@@ -98,8 +99,20 @@ def config(cache_dir: Path, hang_s: float = 30.0, **overrides) -> BenchConfig:
     return BenchConfig(**{k: v for k, v in wanted.items() if k in known})
 
 
-def judge(attack: Attack, verdict, honest_verdict) -> None:
-    """Fails (with what the evaluator said) unless the attack was stopped and its honest twin passed."""
+def judge(attack: Attack, verdict, honest_verdict, again: Callable[[], tuple] | None = None, tries: int = 2) -> None:
+    """Fails (with what the evaluator said) unless the attack was stopped and its honest twin passed. Timings on
+    a shared 2-core machine are noisy (a twin flagged suspect, an attack that seems to gain): with ``again`` (a
+    fresh evaluation of the pair, its builds then cached), a failure is measured again up to ``tries`` times and
+    fails only if it fails every time; an attack that works gains every time."""
+    try:
+        _judge_once(attack, verdict, honest_verdict)
+    except AssertionError:
+        if again is None or tries <= 0:
+            raise
+        judge(attack, *again(), again=again, tries=tries - 1)
+
+
+def _judge_once(attack: Attack, verdict, honest_verdict) -> None:
     assert honest_verdict.status is Status.OK, (
         f"honest twin of {attack.name} is {honest_verdict.status.value}: {honest_verdict.reason}\n{honest_verdict.feedback}")
     status = verdict.status.value

@@ -26,8 +26,19 @@ def evaluate_attacks(attacks, cfg) -> dict[str, tuple]:
     return {name: (verdicts[i], verdicts[j]) for name, (i, j) in where.items()}
 
 
+class Judged(dict):
+    """{attack name: (attack verdict, honest twin verdict)}, and how to measure one pair again."""
+
+    def __init__(self, pairs: dict[str, tuple], cfg) -> None:
+        super().__init__(pairs)
+        self.cfg = cfg
+
+    def again(self, attack):
+        return lambda: evaluate_attacks([attack], self.cfg)[attack.name]
+
+
 @pytest.fixture(scope="module")
 def verdicts(request, build_cache):
     """The module's ATTACKS, judged under its CONFIG overrides."""
     cfg = config(build_cache, **getattr(request.module, "CONFIG", {}))
-    return evaluate_attacks(request.module.ATTACKS, cfg)
+    return Judged(evaluate_attacks(request.module.ATTACKS, cfg), cfg)

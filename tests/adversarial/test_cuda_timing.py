@@ -388,4 +388,4 @@ ATTACKS = [
 
 @pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
 def test_attack_is_stopped(attack, verdicts):
-    judge(attack, *verdicts[attack.name])
+    judge(attack, *verdicts[attack.name], again=verdicts.again(attack))

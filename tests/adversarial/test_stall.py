@@ -120,7 +120,7 @@ ATTACKS = [
 
 @pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
 def test_attack_is_stopped(attack, verdicts):
-    judge(attack, *verdicts[attack.name])
+    judge(attack, *verdicts[attack.name], again=verdicts.again(attack))
 
 
 def test_what_reaches_the_model_stays_bounded(verdicts):
