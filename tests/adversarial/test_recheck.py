@@ -200,11 +200,17 @@ def test_slowed_clock_gains_nothing_when_only_the_outside_clock_stands_in_its_wa
     assert problem != PROBLEM
     attack = Attack("slowed_clock_past_the_static_rules", SLOW_CLOCK, stopped("suspect"), gain=True, problem=problem)
     cfg = config(build_cache, rules=CheckRules(restrict_imports=False))
-    bad, good = evaluate_attacks([attack], cfg)[attack.name]
-    if bad.status.value == "ok":
-        timing = bad.extra["timing"]
-        assert timing["used"] == "outside_bound" and timing["reported_ms"] < good.extra["timing"]["reported_ms"], timing
-    judge(attack, bad, good, again=lambda: evaluate_attacks([attack], cfg)[attack.name])
+    for attempt in range(3):  # measured again on a failure, like judge() (timing noise of a 2-core box)
+        bad, good = evaluate_attacks([attack], cfg)[attack.name]
+        try:
+            if bad.status.value == "ok":
+                timing = bad.extra["timing"]
+                assert timing["used"] == "outside_bound" and timing["reported_ms"] < good.extra["timing"]["reported_ms"], timing
+            judge(attack, bad, good)
+            return
+        except AssertionError:
+            if attempt == 2:
+                raise
 
 
 def test_a_clock_slowed_well_past_the_noise_is_suspect_on_every_measurement(build_cache):
