@@ -65,11 +65,11 @@ def worker_start_costs(backend: str, n: int) -> list[tuple[float, float]]:
         lease = UidLease() if policy.mode == "namespace" and policy.drop_uid else None
         c0, t0 = children_cpu_s(), time.perf_counter()
         try:
-            ok = _probe_worker(backend, private_tmp=policy.mode == "namespace", uid=lease.uid if lease else None)
+            error = _probe_worker(backend, private_tmp=policy.mode == "namespace", uid=lease.uid if lease else None)
         finally:
             if lease is not None:
                 lease.release()
-        assert ok, "the worker did not start"
+        assert error is None, f"the worker did not start: {error}"
         out.append((time.perf_counter() - t0, children_cpu_s() - c0))
     return out
 

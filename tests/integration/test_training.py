@@ -69,9 +69,12 @@ def test_one_step_with_the_real_cpu_evaluator_and_tiny_model_writes_both_records
 
 
 def test_a_step_whose_kernels_reach_the_evaluator_scores_and_trains_on_them(tmp_path):
-    """Kernels a random model cannot write come from a scripted sampler; everything after it is real."""
+    """Kernels a random model cannot write come from a scripted sampler; everything after it is real. The timing
+    checks' thresholds are raised: here the honest kernel's score is asserted, and on a busy 2-core box the noise
+    on the parent's clock flagged it now and then (the checks themselves are tested in tests/adversarial)."""
     run = _run(["experiment=cpu_smoke", "n_trajectories=3", "n_turns=2", "tasks_per_step=2", "steps=1",
-                "tasks.ids=[builtin/level1/1,builtin/level1/3]", "logger.progress=none"], tmp_path)
+                "tasks.ids=[builtin/level1/1,builtin/level1/3]", "logger.progress=none",
+                "evaluator.hidden_time_suspect_ms=25", "evaluator.recheck_speedup=1e9"], tmp_path)
     run.generator = ScriptedGenerator(run.policy.tokenizer, run.pool, "cpu", 3)
     before = {k: v.clone() for k, v in run.policy.model.state_dict().items()}
     [metrics] = run.fit()

@@ -185,7 +185,7 @@ def test_a_job_reaching_its_time_limit_is_requeued_and_finishes_with_every_row_o
     and signals up to one period early, so it lands 35-65 s into each attempt); the job needs several
     attempts and every step is recorded once."""
     sweep = tmp_path / "sweep"
-    steps = 300
+    steps = 200  # ~95 s of steps on a 2-core box: more than one attempt's 35-65 s
     proc = subprocess.run(
         _train("-m", "gamma=0.4", "cluster=local_slurm", "resources=cpu", *SYNTHETIC, f"steps={steps}",
                "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=55", f"hydra.sweep.dir={sweep}",
