@@ -7,8 +7,9 @@ once the single run stage per GPU is not the bottleneck; this prints each term, 
 contention), from a fresh cache:
 - build: the built-in suite's solutions made distinct (nothing cached), built one after the other; CPU-s are
   the compilers' user + system time, and the steps come from each build's record in the cache;
-- worker start: a sandboxed worker started the evaluator's way (namespaces, uid, torch, CUDA, the guard) that
-  exits once warm;
+- runner start: a sandboxed runner started the evaluator's way (namespaces, uid, torch, CUDA, the guard) until it
+  is warm, both ways: exec'd (a fresh interpreter imports torch) and forked from the warm fork server (the
+  default); the total below counts the fork way;
 - run: the same candidates evaluated again (every build a cache hit): the run stage's wall time per candidate;
   its CPU time is about that on cuda (a synchronising process spins while the GPU works) and up to cores x
   that on cpu (the timed run uses the slot's cores).
@@ -31,8 +32,10 @@ from kevin_exp.bench import BenchConfig, CheckRules
 from kevin_exp.bench.build import Builder, cache
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.evaluator import Evaluator
-from kevin_exp.bench.sandbox import _probe_worker, probe_policy
-from kevin_exp.bench.uid_lease import UidLease
+from kevin_exp.bench.exchange import ALIGN, new_exchange_fd
+from kevin_exp.bench.fork_client import ForkServer
+from kevin_exp.bench.sandbox import probe_policy
+from kevin_exp.bench.worker_process import WorkerProcess
 
 
 def children_cpu_s() -> float:
@@ -58,20 +61,53 @@ def build_costs(backend: str, items, cache_dir: Path) -> tuple[list[dict], float
     return rows, warm_s
 
 
-def worker_start_costs(backend: str, n: int) -> list[tuple[float, float]]:
+def session_cpu_s(sid: int) -> float:
+    """CPU seconds used so far by the live processes of session ``sid``."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid:
+                total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def worker_start_costs(backend: str, n: int, how: str) -> tuple[list[tuple[float, float]], float]:
+    """``n`` runners started the evaluator's way (sandbox, uid, torch, CUDA, the guard; ``how``: forked from the
+    warm fork server, or exec'd), each until it reports ready, then ended: (wall s to ready, CPU-s) per runner,
+    and the fork server's own one-time CPU-s (its imports). A forked runner's CPU is the server's reaped children's,
+    an exec'd one's ours."""
     policy = probe_policy("auto", backend)
     out = []
-    for _ in range(n):
-        lease = UidLease() if policy.mode == "namespace" and policy.drop_uid else None
-        c0, t0 = children_cpu_s(), time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kx-start-") as tmp:
+        server = ForkServer(backend, Path(tmp)) if how == "fork" else None
+        if server is not None:
+            assert server.ready(), server.unusable
+        server_cpu = server.cpu_seconds() if server is not None else 0.0
+        exchange = new_exchange_fd(ALIGN)
         try:
-            error = _probe_worker(backend, private_tmp=policy.mode == "namespace", uid=lease.uid if lease else None)
+            for _ in range(n):
+                c0 = server.cpu_seconds() if server is not None else 0.0
+                t0 = time.perf_counter()
+                worker = WorkerProcess(policy, backend, 0, Path(tmp), exchange, fork_server=server,
+                                       cuda_device="0" if backend == "cuda" else None)
+                ready = worker.wait_ready(300)
+                wall = time.perf_counter() - t0
+                session_cpu = session_cpu_s(worker.proc.pid)
+                worker.close()
+                assert isinstance(ready, dict) and ready.get("op") == "ready", (ready, worker.output_tail())
+                assert worker.forked == (server is not None)
+                # an exec'd runner is killed before its own parent (unshare) reaps it: its CPU is read from /proc
+                out.append((wall, server.cpu_seconds() - c0 if server is not None else session_cpu))
         finally:
-            if lease is not None:
-                lease.release()
-        assert error is None, f"the worker did not start: {error}"
-        out.append((time.perf_counter() - t0, children_cpu_s() - c0))
-    return out
+            os.close(exchange)
+            if server is not None:
+                server.close()
+    return out, server_cpu
 
 
 def run_stage_s(backend: str, items, cache_dir: Path) -> list[float]:
@@ -96,15 +132,18 @@ def main() -> None:
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="kx-cost-") as tmp:
         builds, warm_s = build_costs(args.backend, items, Path(tmp))
-        starts = worker_start_costs(args.backend, args.workers)
+        starts = {how: worker_start_costs(args.backend, args.workers, how) for how in ("exec", "fork")}
         run_s = med(run_stage_s(args.backend, items, Path(tmp)))
     build_cpu = med(r["cpu_s"] for r in builds)
-    start_cpu = med(c for _, c in starts)
+    start_cpu = med(c for _, c in starts["fork"][0])
     print(f"{args.backend}, {cores} cores; one-time warm-up {warm_s:.1f} s")
     print("| what | median wall s | median CPU-s |")
     print("|---|---|---|")
     print(f"| cold build ({len(builds)}) | {med(r['wall_s'] for r in builds):.2f} | {build_cpu:.2f} |")
-    print(f"| worker start, torch + CUDA + guard ({len(starts)}) | {med(w for w, _ in starts):.2f} | {start_cpu:.2f} |")
+    for how, (runs, server_cpu) in starts.items():
+        once = f" (server's imports, once: {server_cpu:.2f} CPU-s)" if how == "fork" else ""
+        print(f"| runner start by {how}: sandbox, torch, CUDA, guard ({len(runs)}){once} | {med(w for w, _ in runs):.2f} | "
+              f"{med(c for _, c in runs):.2f} |")
     run_cpu = run_s if args.backend == "cuda" else run_s * cores
     print(f"| run stage of a cached candidate ({len(items)}) | {run_s:.2f} | <= {run_cpu:.2f} |")
     steps = defaultdict(list)

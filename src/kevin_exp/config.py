@@ -288,6 +288,9 @@ class EvaluatorConfig:
     cache_dir: Optional[str] = None
     build_mode: str = choice("fast", ("fast", "torch"))
     sandbox: str = choice("auto", ("auto", "namespace", "process"))
+    # fork: each candidate's runner is forked from a warm fork server (torch imported once, not per runner);
+    # exec: each starts a fresh interpreter (the way runners start where the server cannot fork)
+    worker_start: str = choice("fork", ("fork", "exec"))
     rules: CheckRules = field(default_factory=CheckRules)
 
     def extra_checks(self, prefix: str) -> list[str]:

@@ -124,6 +124,9 @@ class BenchConfig:
     cache_dir: Path | None = None  # None: $KEVIN_EXP_CACHE or ~/.cache/kevin_exp
     build_mode: str = "fast"  # "fast" (precompiled headers, lean includes) | "torch" (torch's load_inline)
     sandbox: str = "auto"  # "auto" | "namespace" | "process"
+    # "fork": runners are forked from a warm fork server (torch imported once); "exec": each starts a fresh
+    # interpreter. Where the server cannot fork, runners start the exec way (the verdict's isolation says so).
+    worker_start: str = "fork"
     rules: CheckRules = field(default_factory=CheckRules)
 
     def __post_init__(self) -> None:
@@ -131,6 +134,8 @@ class BenchConfig:
             raise ValueError(f"backend={self.backend!r}: expected 'cpu' or 'cuda'")
         if self.build_mode not in ("fast", "torch"):
             raise ValueError(f"build_mode={self.build_mode!r}: expected 'fast' or 'torch'")
+        if self.worker_start not in ("fork", "exec"):
+            raise ValueError(f"worker_start={self.worker_start!r}: expected 'fork' or 'exec'")
         if self.sandbox not in ("auto", "namespace", "process"):
             raise ValueError(f"sandbox={self.sandbox!r}: expected 'auto', 'namespace' or 'process'")
         if self.correctness_trials < 1 or self.timed_trials < 1:

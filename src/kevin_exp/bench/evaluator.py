@@ -26,6 +26,7 @@ from kevin_exp.bench.build import Builder, BuildError, BuildResult
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.checks.native import check_native
 from kevin_exp.bench.config import BenchConfig
+from kevin_exp.bench.fork_client import ForkServer
 from kevin_exp.bench.messages import trim_compiler_log
 from kevin_exp.bench.protocol import RunJob
 from kevin_exp.bench.run_slot import (
@@ -87,12 +88,14 @@ class Evaluator:
         self._builds: dict[str, Future] = {}
         self._builds_lock = threading.Lock()
         self._run_root = Path(tempfile.mkdtemp(prefix="kevin_exp_run_"))
+        # runners are forked from a warm server (no interpreter start or torch import per candidate)
+        self.fork_server = ForkServer(cfg.backend, self._run_root) if cfg.worker_start == "fork" else None
         devices = slot_devices(cfg)
         n_standby = cfg.standby_workers or default_standby(cfg.backend, len(devices), usable_cores(cfg.cpus))
         threads = worker_threads(cfg.backend, len(devices), usable_cores(cfg.cpus))
         self._slots = [
             RunSlot(i, dev, n_standby, policy=self.policy, config=cfg, run_root=self._run_root,
-                    cache_dir=self.cache_dir, threads=threads)
+                    cache_dir=self.cache_dir, threads=threads, fork_server=self.fork_server)
             for i, dev in enumerate(devices)
         ]
 
@@ -107,9 +110,16 @@ class Evaluator:
         lands (the run slots are served for the session's life). One session at a time per evaluator."""
         return EvalSession(self)
 
+    def isolation(self) -> str:
+        """The sandbox level and how runners start, as a verdict records them."""
+        start = self.fork_server.describe() if self.fork_server is not None else "exec"
+        return f"{self.policy.describe()}; runners start by {start}"
+
     def close(self) -> None:
         for slot in self._slots:
             slot.close()
+        if self.fork_server is not None:
+            self.fork_server.close()
         self._compile_pool.shutdown(wait=False, cancel_futures=True)
         import shutil
 
@@ -268,7 +278,7 @@ class Evaluator:
 
     def _judge(self, pending: _Pending, outcome, run_s: float) -> Verdict:
         cache_hit = all(b.cached for b in pending.builds.values())
-        return verdict_from_run(pending.item.problem_id, outcome, self.config, isolation=self.policy.describe(),
+        return verdict_from_run(pending.item.problem_id, outcome, self.config, isolation=self.isolation(),
                                 compile_s=pending.compile_s, run_s=run_s, cache_hit=cache_hit)
 
     def _job(self, pending: _Pending) -> RunJob:
@@ -287,7 +297,7 @@ class Evaluator:
 
     def _verdict(self, item: EvalItem, status: Status, reason: str, rule: str | None = None, feedback: str = "",
                  **kw: Any) -> Verdict:
-        return make_verdict(item.problem_id, status, reason, self.config, self.policy.describe(), rule=rule,
+        return make_verdict(item.problem_id, status, reason, self.config, self.isolation(), rule=rule,
                             feedback=feedback, **kw)
 
     def _internal_error(self, item: EvalItem, exc: BaseException) -> Verdict:

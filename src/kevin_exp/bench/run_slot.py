@@ -14,6 +14,7 @@ from pathlib import Path
 from kevin_exp.bench.config import BenchConfig
 from kevin_exp.bench.device_gate import DeviceGate
 from kevin_exp.bench.exchange import ALIGN, new_exchange_fd
+from kevin_exp.bench.fork_client import ForkServer
 from kevin_exp.bench.protocol import RunJob, RunOutcome, run_protocol
 from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceProcess, ReferenceTimings
 from kevin_exp.bench.sandbox import SandboxPolicy
@@ -22,8 +23,9 @@ from kevin_exp.bench.worker_process import WorkerProcess
 
 class RunSlot:
     def __init__(self, index: int, device: str | None, n_standby: int, *, policy: SandboxPolicy,
-                 config: BenchConfig, run_root: Path, cache_dir: Path, threads: int) -> None:
-        self.index, self.device, self.n_standby = index, device, n_standby
+                 config: BenchConfig, run_root: Path, cache_dir: Path, threads: int,
+                 fork_server: ForkServer | None = None) -> None:
+        self.index, self.device, self.n_standby, self.fork_server = index, device, n_standby, fork_server
         self.policy, self.config, self.run_root, self.cache_dir, self.threads = (
             policy, config, run_root, cache_dir, threads)
         self.exchange_fd = new_exchange_fd(ALIGN)
@@ -115,6 +117,7 @@ class RunSlot:
             max_output_bytes=cfg.max_output_bytes,
             forbid_new_tasks=cfg.forbid_new_tasks,
             device_gate_fd=self.gate.runner_fd() if self.gate is not None else -1,
+            fork_server=self.fork_server,
         )
 
     def _retire(self, worker: WorkerProcess) -> None:

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kevin_exp.bench.fork_client import ForkedRunner, ForkServer
 from kevin_exp.bench.sandbox import SandboxPolicy, namespace_cmd, python_env
 from kevin_exp.bench.uid_lease import UidLease
+from kevin_exp.bench.worker.sandbox_setup import ROOT_ENV
 
 MAX_REPLY_BYTES = 1 << 20
 
@@ -111,10 +113,13 @@ class ChildProcess:
     """A child in its own session, with a request pipe (its stdin) and a reply pipe (``--reply-fd``)."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], reply_write_fd: int, reply_read_fd: int,
-                 pass_fds: tuple[int, ...], memory_limit_bytes: int, max_output_bytes: int, cwd: Path | None = None) -> None:
+                 pass_fds: tuple[int, ...], memory_limit_bytes: int, max_output_bytes: int, cwd: Path | None = None,
+                 started: ForkedRunner | None = None) -> None:
+        """``started``: the child, already forked by the fork server (``cmd`` is then unused)."""
         self.memory_limit_bytes, self.max_output_bytes = memory_limit_bytes, max_output_bytes
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     pass_fds=(reply_write_fd, *pass_fds), env=env, start_new_session=True, cwd=cwd)
+        self.proc: subprocess.Popen | ForkedRunner = started or subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            pass_fds=(reply_write_fd, *pass_fds), env=env, start_new_session=True, cwd=cwd)
         os.close(reply_write_fd)
         self._output = _BoundedReader(self.proc.stdout, max_output_bytes)
         self._output.start()
@@ -246,7 +251,7 @@ class WorkerProcess(ChildProcess):
     def __init__(self, policy: SandboxPolicy, backend: str, slot: int, root_dir: Path, exchange_fd: int,
                  cuda_device: str | None = None, cache_dir: Path | None = None, memory_limit_gb: float = 8.0,
                  threads: int = 0, max_output_bytes: int = 1 << 20, forbid_new_tasks: bool = True,
-                 device_gate_fd: int = -1) -> None:
+                 device_gate_fd: int = -1, fork_server: ForkServer | None = None) -> None:
         self.policy, self.backend, self.slot = policy, backend, slot
         self.workdir = root_dir / f"slot{slot}-{uuid.uuid4().hex[:12]}"
         self._lease = UidLease() if policy.mode == "namespace" and policy.drop_uid else None
@@ -255,8 +260,7 @@ class WorkerProcess(ChildProcess):
             env["CUDA_VISIBLE_DEVICES"] = cuda_device
         env["PYTHONUNBUFFERED"] = "1"
         read_fd, write_fd = os.pipe()
-        args = [sys.executable, "-m", "kevin_exp.bench.worker", "--reply-fd", str(write_fd), "--exchange-fd",
-                str(exchange_fd), "--backend", backend, "--workdir"]
+        args = ["--reply-fd", str(write_fd), "--exchange-fd", str(exchange_fd), "--backend", backend, "--workdir"]
         if policy.mode == "namespace":
             # private tmpfs covers /tmp, so the work dir lives inside it
             args += [f"/tmp/work-{slot}", "--private-tmp"]
@@ -264,26 +268,33 @@ class WorkerProcess(ChildProcess):
                 args += ["--cache-dir", str(cache_dir)]
             if self._lease is not None:
                 args += ["--uid", str(self._lease.uid), "--nproc", "512"]
-            cmd = namespace_cmd(policy) + args
         else:
             self.workdir.mkdir(parents=True, exist_ok=True)
             args += [str(self.workdir)]
             if os.geteuid() != 0:
                 args += ["--nproc", str(_user_tasks() + 512)]
-            cmd = args
         if backend == "cpu":
             # CUDA reserves huge virtual ranges, so the address-space limit only applies on cpu.
-            cmd += ["--address-space-gb", str(memory_limit_gb)]
+            args += ["--address-space-gb", str(memory_limit_gb)]
         if threads:
-            cmd += ["--threads", str(threads)]
+            args += ["--threads", str(threads)]
         if forbid_new_tasks:
-            cmd += ["--forbid-new-tasks"]
+            args += ["--forbid-new-tasks"]
         passed: tuple[int, ...] = (exchange_fd,)
         if device_gate_fd >= 0:
-            cmd += ["--device-gate-fd", str(device_gate_fd)]
+            args += ["--device-gate-fd", str(device_gate_fd)]
             passed += (device_gate_fd,)
+        namespaces = policy.mode == "namespace"
+        started = None
+        if fork_server is not None:
+            fork_env = {**env, ROOT_ENV: "host"} if namespaces and policy.root == "host" else env
+            started = fork_server.spawn(args, fork_env, {fd: fd for fd in (write_fd, *passed)}, namespaces)
+        self.forked = started is not None
+        python = [sys.executable, "-m", "kevin_exp.bench.worker", *args]
+        cmd = namespace_cmd(policy) + python if namespaces else python
         try:
-            super().__init__(cmd, env, write_fd, read_fd, passed, int(memory_limit_gb * (1 << 30)), max_output_bytes)
+            super().__init__(cmd, env, write_fd, read_fd, passed, int(memory_limit_gb * (1 << 30)), max_output_bytes,
+                             started=started)
         finally:
             if device_gate_fd >= 0:
                 os.close(device_gate_fd)  # the runner's own description of the gate: only the runner holds it

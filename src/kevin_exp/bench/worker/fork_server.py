@@ -1,0 +1,264 @@
+"""The fork server: a process that has imported what a candidate's runner needs (torch, its extension
+machinery, the runner's own modules) and forks each new runner from that state instead of starting a fresh
+interpreter, so a runner's start costs a fork and its own set-up (sandbox, thread pools, CUDA), not an
+interpreter start and torch's import (most of a runner's start-up CPU on a GPU box).
+
+It is started by ``kevin_exp.bench.fork_client.ForkServer`` with the sandbox's allow-listed environment, never
+loads candidate code, never initialises CUDA, and holds nothing of the evaluator's (no seed, no reference). It
+forks only while it has one thread (a fork copies the calling thread alone). Messages are JSON objects on a
+``SOCK_SEQPACKET`` socket, the runner's file descriptors attached to its spawn request:
+
+- ``{"op": "spawn", "id", "argv", "env", "targets", "namespaces"}`` + fds: fork a runner whose descriptors
+  ``targets[i]`` are the attached fds, environment ``env``, running ``kevin_exp.bench.worker`` with ``argv``;
+  with ``namespaces``, in fresh PID, mount, network, IPC and UTS namespaces (as ``unshare --pid --fork --mount
+  --mount-proc --net --ipc --uts`` gives the exec'd runner). Reply ``{"op": "spawned", "id", "pid"}`` (or
+  ``"error"``); the runner leads its own session, so ``pid`` is its process group and session id.
+- ``{"op": "reap", "pid"}``: reap an exited runner. Until then its pid stays taken, so the evaluator may kill
+  the runner's process group without reaching a process that reused the number.
+- ``{"op": "stats", "id"}``: the server's CPU seconds and those of its reaped runners.
+Unasked: ``{"op": "ready", "threads", "pid"}`` once warm; ``{"op": "exited", "pid", "status"}`` when a runner
+ends (``status``: exit code, or minus the signal). When the evaluator's end closes, every runner still alive is
+killed with its process group and the server exits.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+import traceback
+
+MAX_MESSAGE = 1 << 16
+MAX_FDS = 16
+_PR_SET_CHILD_SUBREAPER = 36
+_CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWPID, _CLONE_NEWNET = (
+    0x00020000, 0x04000000, 0x08000000, 0x20000000, 0x40000000)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def warm_imports(backend: str) -> None:
+    """What every runner imports before its candidate arrives (``worker.entry``), without running anything."""
+    import torch  # noqa: F401
+    import torch.utils.cpp_extension  # noqa: F401
+
+    import kevin_exp.bench.runtime_guard  # noqa: F401
+    import kevin_exp.bench.seccomp  # noqa: F401
+    import kevin_exp.bench.worker.entry  # noqa: F401
+    import kevin_exp.bench.worker.runner  # noqa: F401
+    import kevin_exp.bench.worker.timing  # noqa: F401
+
+    if backend == "cuda":
+        import torch.cuda  # noqa: F401  (the module only: CUDA itself starts in each runner)
+
+        import kevin_exp.bench.device_gate  # noqa: F401
+
+
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    sock.send(json.dumps(message).encode())
+
+
+def _exit_status(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _place_fds(fds: list[int], targets: list[int]) -> None:
+    """Make ``targets[i]`` refer to ``fds[i]`` and close every other descriptor."""
+    import fcntl
+
+    low = max([*targets, *fds, 2]) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, low) for fd in fds]  # out of every target's way
+    for target, fd in zip(targets, moved):
+        os.dup2(fd, target, inheritable=True)
+    keep = set(targets)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _unshare(flags: int) -> None:
+    if _libc.unshare(ctypes.c_int(flags)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare: {os.strerror(err)}")
+
+
+def _mount_private_proc() -> None:
+    """What ``unshare --mount-proc`` does in the new namespaces: mounts private, a /proc of the new PID namespace."""
+    from kevin_exp.bench import jail
+
+    jail.mount(None, "/", None, jail.MS_REC | jail.MS_PRIVATE)
+    jail.mount("proc", "/proc", "proc", jail.MS_NOSUID | jail.MS_NODEV | jail.MS_NOEXEC)
+
+
+def _run_runner(request: dict, fds: list[int]) -> None:
+    """In the runner (never returns): descriptors, session, environment, then the runner's own main."""
+    code = 1
+    try:
+        _place_fds(fds, list(request["targets"]))
+        os.setsid()
+        os.environ.clear()
+        os.environ.update(request["env"])
+        from kevin_exp.bench.worker.entry import main
+
+        main(list(request["argv"]))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the runner's output is what the evaluator reads
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _child(request: dict, fds: list[int], report_fd: int) -> None:
+    """The forked process (never returns). With namespaces it enters them and forks the runner (PID 1 of the new
+    PID namespace), writes the runner's pid to ``report_fd`` and exits, so the runner is re-parented to the server
+    (a child subreaper) as a direct child it can wait for."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+    try:
+        if request.get("namespaces"):
+            _unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWPID)
+            pid = os.fork()
+            if pid:
+                os.write(report_fd, str(pid).encode())
+                os._exit(0)
+            os.close(report_fd)
+            _mount_private_proc()
+        else:
+            os.close(report_fd)
+    except BaseException as exc:  # noqa: BLE001 - reported to the server, which replies with it
+        try:
+            os.write(report_fd, f"error: {exc}".encode())
+        finally:
+            os._exit(1)
+    _run_runner(request, fds)
+
+
+class Server:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pidfds: dict[int, int] = {}  # runner pid -> pidfd, until it has exited
+        self.exited: set[int] = set()  # exited, not yet reaped
+
+    def serve(self) -> None:
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        while True:
+            for fd, _ in poller.poll():
+                if fd == self.sock.fileno():
+                    if not self._handle(poller):
+                        self._shutdown()
+                        return
+                else:
+                    self._runner_ended(fd, poller)
+
+    def _handle(self, poller: select.poll) -> bool:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MESSAGE, MAX_FDS)
+        except OSError:
+            return False
+        if not data:
+            return False
+        request = json.loads(data)
+        op = request.get("op")
+        if op == "spawn":
+            reply = self._spawn(request, fds, poller)
+            _send(self.sock, {"op": "spawned", "id": request["id"], **reply})
+        elif op == "reap":
+            pid = int(request["pid"])
+            if pid in self.exited:
+                self.exited.discard(pid)
+                os.waitpid(pid, 0)
+        elif op == "stats":
+            own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            _send(self.sock, {"op": "stats", "id": request.get("id"), "threads": thread_count(),
+                              "cpu_s": own.ru_utime + own.ru_stime,
+                              "children_cpu_s": children.ru_utime + children.ru_stime})
+        return True
+
+    def _spawn(self, request: dict, fds: list[int], poller: select.poll) -> dict:
+        try:
+            if thread_count() != 1:
+                return {"error": f"the fork server has {thread_count()} threads; a fork would copy only one"}
+            sys.stdout.flush()
+            sys.stderr.flush()
+            read_fd, write_fd = os.pipe()
+            first = os.fork()
+            if first == 0:
+                os.close(read_fd)
+                self.sock.close()
+                _child(request, fds, write_fd)
+            os.close(write_fd)
+            report = b""
+            if request.get("namespaces"):
+                while chunk := os.read(read_fd, 4096):
+                    report += chunk
+                os.waitpid(first, 0)  # it exits at once; the runner is now the server's child
+            os.close(read_fd)
+            if report.startswith(b"error"):
+                return {"error": report.decode(errors="replace")}
+            pid = int(report) if request.get("namespaces") else first
+        finally:
+            for fd in fds:
+                os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.pidfds[pid] = pidfd
+        poller.register(pidfd, select.POLLIN)
+        return {"pid": pid}
+
+    def _runner_ended(self, pidfd: int, poller: select.poll) -> None:
+        pid = next(p for p, fd in self.pidfds.items() if fd == pidfd)
+        poller.unregister(pidfd)
+        del self.pidfds[pid]
+        info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT)
+        os.close(pidfd)
+        status = -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
+        self.exited.add(pid)
+        _send(self.sock, {"op": "exited", "pid": pid, "status": status})
+
+    def _shutdown(self) -> None:
+        for pid in list(self.pidfds) + list(self.exited):
+            try:
+                os.killpg(pid, signal.SIGKILL)  # unreaped: the group id is still this runner's
+            except OSError:
+                pass
+        for pid in list(self.pidfds) + list(self.exited):
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="kevin_exp.bench.worker.fork_server")
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--backend", choices=("cpu", "cuda"), required=True)
+    args = parser.parse_args(argv)
+    sock = socket.socket(fileno=args.control_fd)
+    if _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        _send(sock, {"op": "ready", "error": "prctl(PR_SET_CHILD_SUBREAPER) failed"})
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warm_imports(args.backend)
+    _send(sock, {"op": "ready", "threads": thread_count(), "pid": os.getpid()})
+    Server(sock).serve()
+
+
+if __name__ == "__main__":
+    main()
