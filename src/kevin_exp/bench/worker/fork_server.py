@@ -107,7 +107,6 @@ def _run_runner(request: dict, fds: list[int]) -> None:
     code = 1
     try:
         _place_fds(fds, list(request["targets"]))
-        os.setsid()
         os.environ.clear()
         os.environ.update(request["env"])
         from kevin_exp.bench.worker.entry import main
@@ -127,20 +126,36 @@ def _run_runner(request: dict, fds: list[int]) -> None:
 
 
 def _child(request: dict, fds: list[int], report_fd: int) -> None:
-    """The forked process (never returns). With namespaces it enters them and forks the runner (PID 1 of the new
-    PID namespace), writes the runner's pid to ``report_fd`` and exits, so the runner is re-parented to the server
-    (a child subreaper) as a direct child it can wait for."""
+    """The forked process (never returns). The runner leads its own session before its pid is reported, so the
+    evaluator's first kill of its group reaches it. With namespaces this process enters them, forks the runner
+    (PID 1 of the new PID namespace), reports it and exits, so the runner is re-parented to the server (a child
+    subreaper) as a direct child it can wait for."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
     try:
         if request.get("namespaces"):
             _unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWPID)
+            sync_r, sync_w = os.pipe()
             pid = os.fork()
             if pid:
+                os.close(sync_w)
+                if os.read(sync_r, 1) != b"k":
+                    os.waitpid(pid, 0)
+                    raise OSError("the runner could not mount its /proc (see the fork server's log)")
                 os.write(report_fd, str(pid).encode())
                 os._exit(0)
+            os.close(sync_r)
             os.close(report_fd)
-            _mount_private_proc()
+            os.setsid()
+            try:
+                _mount_private_proc()
+            except BaseException:
+                traceback.print_exc()
+                os._exit(1)
+            os.write(sync_w, b"k")
+            os.close(sync_w)
         else:
+            os.setsid()
+            os.write(report_fd, str(os.getpid()).encode())
             os.close(report_fd)
     except BaseException as exc:  # noqa: BLE001 - reported to the server, which replies with it
         try:
@@ -178,7 +193,10 @@ class Server:
         request = json.loads(data)
         op = request.get("op")
         if op == "spawn":
-            reply = self._spawn(request, fds, poller)
+            try:
+                reply = self._spawn(request, fds, poller)
+            except OSError as exc:  # the evaluator then starts this runner the exec way
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
             _send(self.sock, {"op": "spawned", "id": request["id"], **reply})
         elif op == "reap":
             pid = int(request["pid"])
@@ -206,18 +224,25 @@ class Server:
                 _child(request, fds, write_fd)
             os.close(write_fd)
             report = b""
-            if request.get("namespaces"):
-                while chunk := os.read(read_fd, 4096):
-                    report += chunk
-                os.waitpid(first, 0)  # it exits at once; the runner is now the server's child
+            while chunk := os.read(read_fd, 4096):
+                report += chunk
             os.close(read_fd)
-            if report.startswith(b"error"):
-                return {"error": report.decode(errors="replace")}
-            pid = int(report) if request.get("namespaces") else first
+            if request.get("namespaces"):
+                os.waitpid(first, 0)  # it exits once it has reported; the runner is now the server's child
+            if not report.isdigit():
+                if not request.get("namespaces"):
+                    os.waitpid(first, 0)
+                return {"error": report.decode(errors="replace") or "the forked process ended without a word"}
+            pid = int(report)
         finally:
             for fd in fds:
                 os.close(fd)
-        pidfd = os.pidfd_open(pid)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            os.killpg(pid, signal.SIGKILL)  # it leads its session and is not reaped: the group is still its own
+            os.waitpid(pid, 0)
+            raise
         self.pidfds[pid] = pidfd
         poller.register(pidfd, select.POLLIN)
         return {"pid": pid}
