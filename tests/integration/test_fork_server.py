@@ -87,6 +87,7 @@ def test_closing_the_evaluator_ends_the_server_and_every_runner(build_cache):
     runners = [w.proc.pid for slot in ev._slots for w in slot._standby]
     assert runners and all(alive(p) for p in [server, *runners])
     ev.close()
+    assert ev.fork_server.returncode == 0  # it saw the evaluator's end close and ended everything itself
     deadline = time.monotonic() + 30
     while any(alive(p) for p in [server, *runners]) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -149,6 +149,7 @@ class ForkServer:
                 return False
             if self._sock is not None:
                 self._sock.close()
+                self._sock = None
             self._restarts += 1
             self._start()
         ready = self._wait_for(None, timeout_s)
@@ -222,12 +223,21 @@ class ForkServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    @property
+    def returncode(self) -> int | None:
+        """The server's exit status once closed: 0 when it ended on its own (its runners killed and reaped)."""
+        return self._proc.returncode if self._proc is not None else None
+
     def describe(self) -> str:
         return f"exec ({self.unusable})" if self.unusable else "fork (from a warm fork server)"
 
     def close(self) -> None:
         """Closing our end makes the server kill what it still runs and exit."""
         if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # a close alone leaves the reader's recv holding it open
+            except OSError:
+                pass
             self._sock.close()
             self._sock = None
         if self._proc is not None:
