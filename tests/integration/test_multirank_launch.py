@@ -17,7 +17,8 @@ RANK_TRAINER = ["trainer=deepspeed", "trainer.bf16=false", "trainer.offload_opti
                 "trainer.activation_checkpointing=false", "trainer.dist_timeout_s=120"]
 # 1 step, 2 tasks (one per rank) x 2 trajectories x 2 turns through the real cpu evaluator
 SMOKE = ["experiment=cpu_smoke", "resources=cpu", "steps=1", "tasks_per_step=2", "rollout.max_new_tokens=16",
-         "logger.progress=none", *RANK_TRAINER]
+         "logger.progress=none", "evaluator.timed_trials=5", "evaluator.warmup_trials=1",
+         "evaluator.correctness_trials=1", *RANK_TRAINER]
 
 
 def _train(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:

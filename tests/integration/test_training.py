@@ -20,6 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 TIMING_KEYS = set(MEASURED_COLUMNS)
 
 SYNTHETIC = ["model=tiny", "rollout.env=synthetic", "logger.progress=none"]
+# steps whose records are the point, not the kernels' speed
+FEW_TRIALS = ["evaluator.timed_trials=5", "evaluator.warmup_trials=1", "evaluator.correctness_trials=1"]
 
 
 def _run(overrides: list[str], run_dir: Path) -> TrainingRun:
@@ -74,7 +76,7 @@ def test_a_step_whose_kernels_reach_the_evaluator_scores_and_trains_on_them(tmp_
     on the parent's clock flagged it now and then (the checks themselves are tested in tests/adversarial)."""
     run = _run(["experiment=cpu_smoke", "n_trajectories=3", "n_turns=2", "tasks_per_step=2", "steps=1",
                 "tasks.ids=[builtin/level1/1,builtin/level1/3]", "logger.progress=none",
-                "evaluator.hidden_time_suspect_ms=25", "evaluator.recheck_speedup=1e9"], tmp_path)
+                "evaluator.hidden_time_suspect_ms=25", "evaluator.recheck_speedup=1e9", *FEW_TRIALS], tmp_path)
     run.generator = ScriptedGenerator(run.policy.tokenizer, run.pool, "cpu", 3)
     before = {k: v.clone() for k, v in run.policy.model.state_dict().items()}
     [metrics] = run.fit()
@@ -111,7 +113,8 @@ def test_a_pipelined_step_records_what_a_barrier_step_records(tmp_path):
     rows = {}
     for schedule in ("barrier", "pipeline"):
         run = _run(["experiment=cpu_smoke", "n_trajectories=3", "steps=1", f"rollout.schedule={schedule}",
-                    "tasks.ids=[builtin/level1/1,builtin/level1/3]", "logger.progress=none"], tmp_path / schedule)
+                    "tasks.ids=[builtin/level1/1,builtin/level1/3]", "logger.progress=none", *FEW_TRIALS],
+                   tmp_path / schedule)
         run.fit()
         written = read_jsonl(tmp_path / schedule / "turns.jsonl")
         rows[schedule] = [{k: v for k, v in r.items() if k not in measured} for r in written]

@@ -36,7 +36,8 @@ def test_a_two_task_job_is_one_run_of_two_ranks(tmp_path):
     sweep, ledger = tmp_path / "sweep", tmp_path / "ledger.jsonl"
     proc = subprocess.run(
         _train("-m", "gamma=0.4", *TWO_TASKS, "experiment=cpu_smoke", "steps=1", "tasks_per_step=2",
-               "rollout.max_new_tokens=16", "logger.progress=lines", f"hydra.sweep.dir={sweep}",
+               "rollout.max_new_tokens=16", "logger.progress=lines",
+               "evaluator.timed_trials=5", "evaluator.warmup_trials=1", "evaluator.correctness_trials=1", f"hydra.sweep.dir={sweep}",
                f"hydra.callbacks.ledger.path={ledger}"),
         cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
