@@ -221,3 +221,25 @@ def test_closing_one_evaluator_leaves_another_evaluators_workers_alone(evaluator
     assert standby.alive(), "closing another evaluator killed this one's warm worker"
     [v] = evaluator.evaluate([item("ok")])
     assert v.status is Status.OK, v.reason
+
+
+def test_duplicates_in_a_batch_and_a_later_batch_cost_one_compile(evaluator):
+    """The same kernel three times in one batch, then again in the next: one build, every verdict ok."""
+    unique = cand("ok").replace("auto xc = x.contiguous();", f"auto xc = x.contiguous();  // {time.time_ns()}")
+    builds = []
+    real_build = evaluator.builder.build
+
+    def counted(spec, *args, **kwargs):
+        result = real_build(spec, *args, **kwargs)
+        builds.append(result.cached)
+        return result
+
+    evaluator.builder.build = counted
+    try:
+        first = evaluator.evaluate([EvalItem(f"dup{i}", RELU, unique) for i in range(3)])
+        [later] = evaluator.evaluate([EvalItem("dup-later", RELU, unique)])
+    finally:
+        evaluator.builder.build = real_build
+    assert [v.status for v in [*first, later]] == [Status.OK] * 4, [v.reason for v in [*first, later]]
+    assert builds == [False]  # built once; the duplicates and the later batch shared it
+    assert later.cache_hit
