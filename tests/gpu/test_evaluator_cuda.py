@@ -86,3 +86,20 @@ def test_builtin_cuda_solutions_are_correct(evaluator):
     assert not failures, failures
     slow_refs = {v.problem_id: v.ref_runtime_ms for v in verdicts if v.ref_runtime_ms < 0.1}
     assert not slow_refs, f"reference under 0.1 ms on this GPU: {slow_refs}"
+
+
+def test_cuda_runners_forked_from_the_server_give_the_verdicts_execd_ones_give(build_cache):
+    """On a GPU the fork server must fork (a server with a thread after importing torch's CUDA build, or a CUDA
+    context a fork would break, would fall back to exec): the same verdicts both ways, CUDA faults included."""
+    names = ["ok", "wrong", "illegal_memory", "ok"]
+    verdicts = {}
+    for how in ("exec", "fork"):
+        config = BenchConfig(backend="cuda", hang_ceiling_s=60, cache_dir=build_cache, worker_start=how)
+        with Evaluator(config) as ev:
+            verdicts[how] = ev.evaluate([item(n) for n in names])
+            assert ev.isolation().endswith("runners start by fork (from a warm fork server)" if how == "fork"
+                                           else "runners start by exec")
+    for e, f in zip(verdicts["exec"], verdicts["fork"]):
+        assert (f.status, f.correct) == (e.status, e.correct), (e.reason, f.reason)
+    assert [v.status for v in verdicts["fork"]][:2] == [Status.OK, Status.INCORRECT]
+    assert verdicts["fork"][3].status is Status.OK
