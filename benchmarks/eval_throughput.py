@@ -47,10 +47,12 @@ def median_phases(verdicts: list[Verdict]) -> dict[str, float]:
     return {k: round(sorted(p.get(k, 0.0) for p in phases)[len(phases) // 2], 3) for k in names}
 
 
-def run(backend: str, n: int, mode: str, tag: str, standby: int) -> dict:
+def run(backend: str, n: int, mode: str, tag: str, standby: int, worker_start: str = "fork") -> dict:
     with tempfile.TemporaryDirectory(prefix="kx-throughput-") as cache:
-        config = BenchConfig(backend=backend, build_mode=mode, cache_dir=Path(cache), standby_workers=standby)
+        config = BenchConfig(backend=backend, build_mode=mode, cache_dir=Path(cache), standby_workers=standby,
+                             worker_start=worker_start)
         with Evaluator(config) as ev:
+            runners = ev.isolation().rsplit("runners start by ", 1)[1]
             n_standby = ev._slots[0].n_standby
             t0 = time.perf_counter()
             ev.builder.warm()
@@ -71,6 +73,7 @@ def run(backend: str, n: int, mode: str, tag: str, standby: int) -> dict:
     compile_s = sorted(v.compile_s for v in verdicts if v.compile_s)
     return {
         "mode": mode,
+        "runners": runners,
         "n": n,
         "standby": n_standby,
         "ok": ok,
@@ -92,17 +95,21 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--torch-n", type=int, default=0, help="also measure torch's default build path on this many")
     parser.add_argument("--standby", type=int, default=0, help="standby workers per run slot (0: the evaluator's default)")
+    parser.add_argument("--worker-start", choices=("fork", "exec", "both"), default="fork",
+                        help="how runners start (evaluator.worker_start); both: one run each way")
     args = parser.parse_args()
     tag = f"{time.time_ns()}"
-    rows = [run(args.backend, args.n, "fast", tag, args.standby)]
+    ways = ["exec", "fork"] if args.worker_start == "both" else [args.worker_start]
+    rows = [run(args.backend, args.n, "fast", f"{tag}{how}", args.standby, how) for how in ways]
     if args.torch_n:
-        rows.append(run(args.backend, args.torch_n, "torch", tag + "t", args.standby))
-    print("| backend | build path | standby workers | candidates | ok | one-time warm-up s | wall s | correct candidates / min "
-          "| median compile s | median run s | median worker wait s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+        rows.append(run(args.backend, args.torch_n, "torch", tag + "t", args.standby, ways[-1]))
+    print("| backend | build path | runners start by | standby workers | candidates | ok | one-time warm-up s | wall s "
+          "| correct candidates / min | median compile s | median run s | median worker wait s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {args.backend} | {r['mode']} | {r['standby']} | {r['n']} | {r['ok']} | {r['warm_s']:.1f} | {r['wall_s']:.1f} | "
+            f"| {args.backend} | {r['mode']} | {r['runners']} | {r['standby']} | {r['n']} | {r['ok']} | {r['warm_s']:.1f} | "
+            f"{r['wall_s']:.1f} | "
             f"{r['per_min']:.1f} | {r['median_compile_s']:.1f} | {r['median_run_s']:.2f} | {r['median_wait_s']:.2f} |"
         )
     for r in rows:
@@ -110,8 +117,9 @@ def main() -> None:
     for r in rows:
         if r["failures"]:
             print(f"\n{r['mode']} failures: {r['failures']}")
-    if len(rows) == 2 and rows[1]["per_min"]:
-        print(f"\nthroughput ratio fast/torch: {rows[0]['per_min'] / rows[1]['per_min']:.1f}x")
+    torch_rows = [r for r in rows if r["mode"] == "torch"]
+    if torch_rows and torch_rows[0]["per_min"]:
+        print(f"\nthroughput ratio fast/torch: {rows[-2]['per_min'] / torch_rows[0]['per_min']:.1f}x")
 
 
 if __name__ == "__main__":
