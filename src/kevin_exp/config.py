@@ -143,6 +143,10 @@ class RolloutConfig:
     schedule: str = choice("pipeline", ("pipeline", "halves", "barrier"))
     # environment: kernel (the real evaluator) or synthetic (a compile-free reward, for tests)
     env: str = choice("kernel", ("kernel", "synthetic"))
+    # 1: the next step's rollouts (generation and evaluation) run while this step trains, sampled with the
+    # weights from before this step's update: one policy version behind, recorded per step as policy_staleness
+    # (docs/async-steps.md says when that is safe); 0: each step's rollouts use that step's weights
+    async_steps: int = number(0, ge=0)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def extra_checks(self, prefix: str) -> list[str]:
@@ -154,6 +158,12 @@ class RolloutConfig:
                             f"leave it out")
         if any(not s for s in self.stop):
             problems.append(f"{prefix}stop={list(self.stop)}: an empty stop string would end every response")
+        if self.async_steps > 1:
+            problems.append(f"{prefix}async_steps={self.async_steps}: not implemented; rollouts run at most one step "
+                            f"ahead ({prefix}async_steps=1) or with their own step (0)")
+        if self.async_steps and self.backend == "vllm":
+            problems.append(f"{prefix}async_steps={self.async_steps}: not implemented with {prefix}backend=vllm (its engine "
+                            f"sleeps while the learner trains, giving it the GPU's memory); use {prefix}backend=hf or 0")
         if self.backend == "vllm":
             problems += self._vllm_checks(prefix + "vllm.")
         return problems
@@ -555,6 +565,10 @@ class TrainConfig:
         if self.rollout.backend == "vllm" and kv_bytes is not None and kv_bytes > self.resources.gpu_memory_gb * 1e9:
             problems.append(f"rollout.vllm.kv_cache_memory_bytes={kv_bytes}: more than the GPU's memory "
                             f"(resources.gpu_memory_gb={self.resources.gpu_memory_gb:g}); give bytes, e.g. 8000000000 for 8 GB")
+        if self.rollout.async_steps and self.trainer.backend == "deepspeed":
+            problems.append(f"rollout.async_steps={self.rollout.async_steps}: not implemented with trainer=deepspeed (its "
+                            "weight push to the generator is a collective inside the training step); use trainer=torch or "
+                            "rollout.async_steps=0")
         if self.trainer.backend == "deepspeed" and self.algorithm.kl_coef > 0:
             problems.append(f"algorithm.kl_coef={self.algorithm.kl_coef}: the KL term's reference policy is not built for "
                             "trainer=deepspeed; use algorithm.kl_coef=0 or trainer=torch")

@@ -75,6 +75,8 @@ class MemoryLayout:
     # rollout.backend=vllm: the engine's whole share of each GPU while it is awake (weights, activations, KV
     # cache); it sleeps (level 2, nothing left on the GPU) while the learner trains
     vllm_gb: float = 0.0
+    # rollout.async_steps=1: the next step generates (from its own copy of the model) while this one trains
+    async_steps: bool = False
 
     @property
     def sharded(self) -> bool:
@@ -103,6 +105,8 @@ class MemoryEstimate:
     host_processes_gb: float
     host_load_gb: float
     host_evaluator_gb: float
+    # rollout.async_steps=1: generation and training run at once, so their working sets add up
+    phases_overlap: bool = False
 
     @property
     def states_gb(self) -> float:
@@ -118,7 +122,9 @@ class MemoryEstimate:
 
     @property
     def per_gpu_gb(self) -> float:
-        return self.runtime_gb + self.states_gb + self.buffers_gb + max(self.train_phase_gb, self.generate_phase_gb)
+        phases = (self.train_phase_gb + self.generate_phase_gb if self.phases_overlap
+                  else max(self.train_phase_gb, self.generate_phase_gb))
+        return self.runtime_gb + self.states_gb + self.buffers_gb + phases
 
     @property
     def host_per_node_gb(self) -> float:
@@ -158,7 +164,7 @@ def layout_of(cfg: TrainConfig) -> MemoryLayout:
         generation_batch=ro.generation_batch_size, sequence_tokens=sequence, reference=cfg.algorithm.kl_coef > 0,
         world_size=max(1, r.nodes * r.ranks_per_node), ranks_per_node=r.ranks_per_node, cpus_per_rank=r.cpus_per_task,
         eval_slot_gb=cfg.evaluator.memory_limit_gb if cfg.evaluator.resolved_backend() == "cuda" else 0.0,
-        vllm_gb=_vllm_gb(cfg),
+        vllm_gb=_vllm_gb(cfg), async_steps=bool(ro.async_steps),
     )
 
 
@@ -213,7 +219,8 @@ def estimate(x: MemoryLayout) -> MemoryEstimate:
         a = BYTES[x.dtype]
         gpu_params, gpu_grads, gpu_optim = a * p, a * p, 2 * a * p
         reference = a * p if x.reference else 0.0
-        host_offload, buffers, shards, load, generator = 0.0, 0.0, 1, a * p, 0.0
+        # with async steps the generator samples from a copy of its own while the learner updates the weights
+        host_offload, buffers, shards, load, generator = 0.0, 0.0, 1, a * p, a * p if x.async_steps else 0.0
     act = _activation_bytes(x, a)
     # log-probs of the kept tokens: bf16 logits, their fp32 copy, the tempered logits, the log-softmax and the
     # gradient of the logits (16 bytes per vocabulary entry)
@@ -230,6 +237,7 @@ def estimate(x: MemoryLayout) -> MemoryEstimate:
         host_offload_gb=ranks * host_offload / GB, host_processes_gb=ranks * RANK_PROCESS_GB,
         host_load_gb=ranks * load / GB,
         host_evaluator_gb=ranks * (x.cpus_per_rank * COMPILE_WORKER_GB + x.eval_slot_gb),
+        phases_overlap=x.async_steps,
     )
 
 

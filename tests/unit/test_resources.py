@@ -47,6 +47,14 @@ def test_single_process_trainer_counts_weights_gradients_adam_states_and_kv_cach
     assert with_kl.reference_gb == est.weights_gb
 
 
+def test_async_steps_add_a_generation_copy_and_generation_beside_training():
+    sync = estimate_memory(compose_train(["experiment=kevin_32b", KB, "trainer=torch"]))
+    ahead = estimate_memory(compose_train(["experiment=kevin_32b", KB, "trainer=torch", "rollout.async_steps=1"]))
+    assert ahead.generator_gb == sync.weights_gb  # the next step samples from its own copy while this one trains
+    assert ahead.per_gpu_gb == pytest.approx(sync.per_gpu_gb + sync.weights_gb + min(sync.train_phase_gb,
+                                                                                     sync.generate_phase_gb))
+
+
 def test_zero3_divides_bf16_params_grads_and_fp32_adam_over_the_world():
     for world in (8, 16, 32):
         est = estimate(dataclasses.replace(QWQ, world_size=world))

@@ -22,16 +22,21 @@ step's metrics, reduced over ranks.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import time
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from kevin_exp.config import AlgorithmConfig, TrainConfig, world_size_problems
 from kevin_exp.distributed import context_from_env
 from kevin_exp.errors import UserError
+from kevin_exp.models.loading import Policy
 from kevin_exp.progress import Progress
 from kevin_exp.rl.credit import turn_credit
+from kevin_exp.rollout.generation import build_generator
 from kevin_exp.rollout.loop import RolloutSettings, RolloutTimes, TurnSample, run_rollout
 from kevin_exp.rows import metrics_row, scale_columns, training_settings, turn_row
 from kevin_exp.run_parts import RunFolder, build_logger, build_policy_parts
@@ -48,6 +53,39 @@ log = logging.getLogger(__name__)
 
 class RunDirInUse(UserError):
     pass
+
+
+@dataclass
+class StepRollout:
+    samples: list[TurnSample]
+    times: RolloutTimes
+    staleness: int  # 1: sampled with the weights from before the previous step's update
+    done_at: float
+
+
+class AheadRollout:
+    """The next step's rollout on a thread of its own while this step trains (``rollout.async_steps=1``)."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kx-ahead")
+        self._next: Future | None = None
+
+    def start(self, rollout: Callable[[], StepRollout]) -> None:
+        self._next = self._pool.submit(rollout)
+
+    def take(self) -> StepRollout | None:
+        """The rollout started for this step (waiting for it), or None when none was started (the first step)."""
+        if self._next is None:
+            return None
+        try:
+            return self._next.result()
+        finally:
+            self._next = None
+
+    def drop(self) -> None:
+        """A run ending early leaves an unfinished rollout unread: it was never recorded, and a resumed run samples
+        that step again."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def pick_tasks(pool: list[Problem], k: int, seed: int, step: int) -> list[Problem]:
@@ -112,6 +150,12 @@ class TrainingRun:
         universal = sharded and latest is not None and saved_world_size(latest) not in (None, self.ctx.world_size)
         self.learner = build_learner(cfg, self.policy.model, self.policy.tokenizer.pad_token_id, self.parts.device,
                                      load_universal=universal)
+        self.generation_model = None
+        if cfg.rollout.async_steps and cfg.rollout.backend == "hf":
+            # the next step samples while the learner updates its weights: generation needs a copy of its own
+            self.generation_model = copy.deepcopy(self.policy.model).requires_grad_(False).eval()
+            self.generator = build_generator(cfg, Policy(self.generation_model, self.policy.tokenizer, self.policy.name),
+                                             self.pool, self.env.backend, cfg.n_trajectories, self.device)
         self.n_params = self.learner.parameter_count()
         self.peak_flops = device_peak_flops(self.device)
         self.start_step = 1
@@ -146,9 +190,18 @@ class TrainingRun:
         progress = Progress(cfg.logger.progress if self.ctx.is_main else "none", cfg.steps, self.start_step - 1, cfg.n_turns * groups)
         history = []
         main = self.ctx.is_main
+        ahead = AheadRollout() if cfg.rollout.async_steps else None
         try:
             for step in range(self.start_step, cfg.steps + 1):
-                metrics = self.train_step(step, progress)
+                t_step = time.perf_counter()
+                rollout = ahead.take() if ahead is not None else None
+                self.sync_generator()  # the learner's current weights (the previous step's update)
+                if rollout is None:
+                    rollout = self.rollout(step, progress, staleness=0)
+                if ahead is not None and step < cfg.steps:
+                    # the next step samples with these weights while this step's update is computed
+                    ahead.start(lambda following=step + 1: self.rollout(following, progress, staleness=1))
+                metrics = self.train_step(step, rollout, t_step)
                 history.append(metrics)
                 if main:
                     progress.step(metrics)
@@ -156,6 +209,8 @@ class TrainingRun:
                 if step % cfg.trainer.checkpoint_every == 0 or step == cfg.steps:
                     self.save_checkpoint(step)
         finally:
+            if ahead is not None:
+                ahead.drop()
             progress.close()
             if main:
                 self.metric_logger.close()
@@ -164,21 +219,31 @@ class TrainingRun:
             self.generator.close()
         return history
 
-    def train_step(self, step: int, progress: Progress) -> dict[str, Any]:
-        cfg, parts, ctx = self.cfg, self.parts, self.ctx
-        t_step = time.perf_counter()
-        reset_gpu_peak(self.device)
+    def sync_generator(self) -> None:
+        """Give the generator the learner's current weights where it holds its own."""
         if self.generator.owns_weights:
             # the engine slept through training: weights back, the learner's current ones pushed (collective
             # under ZeRO-3, one parameter at a time)
             self.generator.wake()
             self.generator.update_weights(self.learner.generator_weights())
+        elif self.generation_model is not None:
+            self.generation_model.load_state_dict(self.learner.model.state_dict())
+
+    def rollout(self, step: int, progress: Progress, staleness: int) -> "StepRollout":
+        """Step ``step``'s rollouts with the generator's current weights, credited (no collective, no record)."""
+        cfg, parts, ctx = self.cfg, self.parts, self.ctx
         tasks = rank_share(pick_tasks(parts.pool, cfg.tasks_per_step, cfg.seed, step), ctx.rank, ctx.world_size)
         samples, times = run_rollout(tasks, self.generator, self.env, parts.encode_prompt, parts.count_tokens,
                                      rollout_settings(cfg, cfg.n_trajectories, cfg.n_turns, cfg.rollout.schedule),
                                      seed=step_seed(cfg.seed, step) + ctx.rank,
                                      on_turn=lambda turn, group, s: progress.turn(step, turn, group, s) if ctx.is_main else None)
         assign_credit(samples, cfg.algorithm)
+        return StepRollout(samples, times, staleness, time.perf_counter())
+
+    def train_step(self, step: int, rollout: "StepRollout", t_step: float) -> dict[str, Any]:
+        cfg, ctx = self.cfg, self.ctx
+        reset_gpu_peak(self.device)
+        samples, times = rollout.samples, rollout.times
         every = collectives.gather_to_main(samples)
         all_samples = [s for share in every for s in share] if every is not None else []
         if ctx.is_main:
@@ -208,5 +273,7 @@ class TrainingRun:
                                          mfu(self.n_params, trained_tokens, train_s, self.peak_flops, ctx.world_size)))
             # the generator engine's transitions: seconds and GPU memory in use after each (max over ranks)
             metrics.update({k: round(v, 4) for k, v in zip(engine_stats, engine_values)})
+            # policy versions between the weights the step's responses were sampled with and those it trained
+            metrics["policy_staleness"] = rollout.staleness
             self.records.append_metrics(metrics)
         return collectives.broadcast_object(metrics)
