@@ -282,12 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     warm_imports(args.backend)
     _send(sock, {"op": "ready", "threads": thread_count(), "pid": os.getpid()})
-    server = Server(sock)
-    try:
-        server.serve()
-    except BaseException:
-        server._shutdown()  # whatever ended the server, its runners end with it
-        raise
+    Server(sock).serve()
 
 
 if __name__ == "__main__":
