@@ -194,6 +194,7 @@ class TrainingRun:
         try:
             for step in range(self.start_step, cfg.steps + 1):
                 t_step = time.perf_counter()
+                reset_gpu_peak(self.device)
                 rollout = ahead.take() if ahead is not None else None
                 self.sync_generator()  # the learner's current weights (the previous step's update)
                 if rollout is None:
@@ -242,7 +243,6 @@ class TrainingRun:
 
     def train_step(self, step: int, rollout: "StepRollout", t_step: float) -> dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
-        reset_gpu_peak(self.device)
         samples, times = rollout.samples, rollout.times
         every = collectives.gather_to_main(samples)
         all_samples = [s for share in every for s in share] if every is not None else []
