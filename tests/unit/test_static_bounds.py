@@ -32,6 +32,8 @@ FIXTURE_RULES = {
     "cuda/side_stream.py": {"no_concurrency": False},
     # attacks on the evaluator's design, run with the rules that would refuse them off (test_evaluator_protocol.py)
     "cpu/import_marker.py": {"restrict_imports": False},
+    # native code listing its own descriptors (test_fork_server.py): <dirent.h> and /proc are refused by the rules
+    "cpu/list_descriptors.py": {"restrict_imports": False},
     "cpu/precompute_from_seed.py": {"no_timing_patch": False, "no_torch_compute": False, "restrict_imports": False},
     "cpu/slow_reference_patch.py": {"no_timing_patch": False, "no_torch_compute": False, "restrict_imports": False},
     "cpu/zero_inputs_in_runner.py": {"no_timing_patch": False},
