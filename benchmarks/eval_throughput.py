@@ -52,7 +52,7 @@ def run(backend: str, n: int, mode: str, tag: str, standby: int, worker_start: s
         config = BenchConfig(backend=backend, build_mode=mode, cache_dir=Path(cache), standby_workers=standby,
                              worker_start=worker_start)
         with Evaluator(config) as ev:
-            runners = ev.isolation().rsplit("runners start by ", 1)[1]
+            runners = ev.fork_server.describe() if ev.fork_server is not None else "exec"
             n_standby = ev._slots[0].n_standby
             t0 = time.perf_counter()
             ev.builder.warm()

@@ -12,6 +12,10 @@ from kevin_exp.rollout.scripted import ScriptedGenerator  # noqa: F401  (tests i
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
+# for steps whose records, ranks or scheduling are the point, not the kernels' speed
+FEW_TRIALS = ["evaluator.timed_trials=5", "evaluator.warmup_trials=1", "evaluator.correctness_trials=1"]
+
+
 def compose_train(overrides: list[str], run_dir: Path | None = None) -> TrainConfig:
     """The typed config `python -m kevin_exp.train <overrides>` would run with."""
     register_configs()

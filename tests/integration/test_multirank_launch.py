@@ -10,6 +10,7 @@ from pathlib import Path
 from kevin_exp.config import ResourcesConfig
 from kevin_exp.records import read_jsonl
 from kevin_exp.threads import local_ranks_sharing_cores, thread_count, usable_cores
+from tests.helpers import FEW_TRIALS
 
 REPO = Path(__file__).resolve().parents[2]
 # ZeRO-3 over the ranks, as DeepSpeed runs on CPU (fp32, no offload)
@@ -17,8 +18,7 @@ RANK_TRAINER = ["trainer=deepspeed", "trainer.bf16=false", "trainer.offload_opti
                 "trainer.activation_checkpointing=false", "trainer.dist_timeout_s=120"]
 # 1 step, 2 tasks (one per rank) x 2 trajectories x 2 turns through the real cpu evaluator
 SMOKE = ["experiment=cpu_smoke", "resources=cpu", "steps=1", "tasks_per_step=2", "rollout.max_new_tokens=16",
-         "logger.progress=none", "evaluator.timed_trials=5", "evaluator.warmup_trials=1",
-         "evaluator.correctness_trials=1", *RANK_TRAINER]
+         "logger.progress=none", *FEW_TRIALS, *RANK_TRAINER]
 
 
 def _train(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:

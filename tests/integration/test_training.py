@@ -14,14 +14,12 @@ import pytest
 from kevin_exp.records import TURN_FIELDS, read_jsonl
 from kevin_exp.rows import MEASURED_COLUMNS
 from kevin_exp.trainer.loop import TrainingRun
-from tests.helpers import ScriptedGenerator, compose_train
+from tests.helpers import FEW_TRIALS, ScriptedGenerator, compose_train
 
 REPO = Path(__file__).resolve().parents[2]
 TIMING_KEYS = set(MEASURED_COLUMNS)
 
 SYNTHETIC = ["model=tiny", "rollout.env=synthetic", "logger.progress=none"]
-# steps whose records are the point, not the kernels' speed
-FEW_TRIALS = ["evaluator.timed_trials=5", "evaluator.warmup_trials=1", "evaluator.correctness_trials=1"]
 
 
 def _run(overrides: list[str], run_dir: Path) -> TrainingRun:

@@ -14,7 +14,7 @@ from kevin_exp.bench.evaluator import EvalItem
 from kevin_exp.records import read_jsonl
 from kevin_exp.trainer.loop import TrainingRun
 from tests.conftest import fixture_text
-from tests.helpers import compose_train
+from tests.helpers import FEW_TRIALS, compose_train
 
 pytestmark = pytest.mark.slurm
 
@@ -22,7 +22,7 @@ REMOTE = ["evaluator.placement=remote", "evaluator.remote.cores=1", "evaluator.r
           "evaluator.remote.gpus=0", "evaluator.remote.walltime_min=20", "evaluator.remote.start_timeout_s=180",
           "evaluator.remote.in_flight=8"]
 STEP = ["experiment=cpu_smoke", "n_trajectories=3", "steps=1", "tasks.ids=[builtin/level1/1,builtin/level1/3]",
-        "logger.progress=none", "resources=cpu", "evaluator.timed_trials=5", "evaluator.warmup_trials=1", "evaluator.correctness_trials=1"]
+        "logger.progress=none", "resources=cpu", *FEW_TRIALS]
 # what the kernels' timing decides (and what quotes it), and a status a busy machine's timing check may change
 MEASURED = {"speedup", "runtime_ms", "ref_runtime_ms", "score", "return", "advantage", "run_id", "reason",
             "prompt_tokens", "status", "correct", "suspect", "excessive_speedup", "device"}

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kevin_exp.records import read_jsonl
+from tests.helpers import FEW_TRIALS
 from tests.slurm.test_slurm_sweeps import SYNTHETIC, _expected_steps, _run_dirs, _sacct_states, _slurm_job_ids
 
 pytestmark = pytest.mark.slurm
@@ -37,7 +38,7 @@ def test_a_two_task_job_is_one_run_of_two_ranks(tmp_path):
     proc = subprocess.run(
         _train("-m", "gamma=0.4", *TWO_TASKS, "experiment=cpu_smoke", "steps=1", "tasks_per_step=2",
                "rollout.max_new_tokens=16", "logger.progress=lines",
-               "evaluator.timed_trials=5", "evaluator.warmup_trials=1", "evaluator.correctness_trials=1", f"hydra.sweep.dir={sweep}",
+               *FEW_TRIALS, f"hydra.sweep.dir={sweep}",
                f"hydra.callbacks.ledger.path={ledger}"),
         cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -16,6 +16,7 @@ import pytest
 
 from kevin_exp.records import read_jsonl
 from kevin_exp.rows import MEASURED_COLUMNS
+from tests.helpers import FEW_TRIALS
 
 pytestmark = pytest.mark.slurm
 
@@ -81,7 +82,7 @@ def test_a_gamma_sweep_runs_as_three_slurm_jobs_with_their_own_records(tmp_path)
     returncode, out, waiting = _launch_reading_job_lines(
         _train("-m", "gamma=0.0,0.4,1.0", "cluster=local_slurm", "resources=cpu", "experiment=cpu_smoke", "steps=2",
                "tasks_per_step=1", "rollout.max_new_tokens=16",
-               "evaluator.timed_trials=5", "evaluator.warmup_trials=1", "evaluator.correctness_trials=1", f"hydra.sweep.dir={sweep}",
+               *FEW_TRIALS, f"hydra.sweep.dir={sweep}",
                f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl"), timeout_s=900)
     assert returncode == 0, out[-4000:]
     assert "Submitit 'slurm' sweep output dir" in out
