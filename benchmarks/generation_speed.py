@@ -164,6 +164,8 @@ def main() -> None:
     import transformers
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:  # set_device needs an index
+        device = torch.device("cuda", torch.cuda.current_device())
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run on a GPU machine (the image already has torch, numpy, ninja, pytest): GPU tests and GPU benchmarks.
 # Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [STAGES] [test paths / pytest args...]
-# STAGES: comma-separated contention,cost,bench,bench128,tests,adversarial,fidelity,train,mfu,generation,step,compare,compile
+# STAGES: comma-separated contention,cost,bench,bench128,tests,adversarial,fidelity,train,mfu,generation,step,multigpu,
+# compare,compile
 # (default all, in that order),
 # e.g. bash scripts/gpu_check.sh cost,bench
 # Carry .whl and .gpu-carry/smollm2_tokenizer (a saved SmolLM2 tokenizer): bash scripts/prepare_gpu_carry.sh makes both.
@@ -74,6 +75,12 @@ if has generation; then  # the transformers rollout: new tokens/s before and aft
 fi
 if has step; then  # a Kevin-shaped step (8 x 16 x 2) by rollout schedule: how much of it waits on verdicts
   timeout ${LIMIT_STEP:-570} $py benchmarks/step_time.py --backend cuda --out "$out/step.json" 2>&1 | tee "$out/step.txt"
+fi
+if has multigpu; then  # every GPU of the host: parity with one rank, a killed and resumed run, the split per rank
+  rm -rf /tmp/kx-multigpu
+  timeout ${LIMIT_MULTIGPU:-580} $py benchmarks/multi_gpu_run.py --out /tmp/kx-multigpu ${MULTIGPU_ARGS:-} 2>&1 | tee "$out/multigpu.txt"
+  # the logs and tables only (the run folders hold tens of GB of checkpoints)
+  tar czf "$out/multigpu.tgz" -C /tmp --exclude='checkpoints' --exclude='transcripts' kx-multigpu
 fi
 if has compare; then  # fewer standby workers per GPU, to see what they buy
   timeout ${LIMIT_COMPARE:-150} $py benchmarks/eval_throughput.py --backend cuda --n 24 --standby 3 2>&1 | tee "$out/throughput-standby3.txt"

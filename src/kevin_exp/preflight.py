@@ -86,6 +86,7 @@ class Composer:
 
     def known_keys(self) -> list[str]:
         if self._known is None:
+            self._known = []  # a base config that fails to compose names no keys (and its error must not recurse)
             base = self.compose([])
             self._known = _leaf_keys(OmegaConf.to_container(base, resolve=False))
         return self._known

@@ -13,7 +13,7 @@ from kevin_exp.rollout.loop import RolloutTimes, TurnSample
 
 # measured, so they differ between two runs of the same settings (a comparison of runs leaves them out)
 MEASURED_COLUMNS = ("generate_s", "evaluate_s", "evaluate_wait_s", "train_s", "step_s", "gpu_mem_peak_gb",
-                    "host_rss_peak_gb", "train_tokens_per_s", "mfu")
+                    "host_rss_peak_gb", "train_tokens_per_s", "mfu", "ranks")
 
 SETTING_COLUMNS = ("gamma", "n_turns", "n_trajectories", "tasks_per_step", "normalization", "aggregation",
                    "estimator", "model", "seed", "experiment", "sweep_name")

@@ -4,7 +4,9 @@ folder's records (turns, metrics, transcripts, provenance, the metric logger).""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,7 @@ import torch
 
 from kevin_exp.config import TrainConfig
 from kevin_exp.distributed import DistContext, context_from_env
+from kevin_exp.errors import UserError
 from kevin_exp.launch import joined_ranks
 from kevin_exp.metric_logger import MetricLogger, RecordsOnly, build_metric_logger
 from kevin_exp.models import Policy, chat_prompt_ids, load_policy
@@ -75,6 +78,8 @@ class RunFolder:
     records: RunRecords
     transcripts: TranscriptWriter
     main: bool = True
+    # the folder whose writer's lock this one holds (rank 0's; hold_run_lock)
+    lock: Path | None = None
 
     @classmethod
     def at(cls, run_dir: str | Path, ctx: DistContext | None = None) -> "RunFolder":
@@ -83,7 +88,9 @@ class RunFolder:
         path.mkdir(parents=True, exist_ok=True)
         if not ctx.is_main:
             return cls(path, run_id_for(path), RankRecords(path), RankTranscripts(path), main=False)
-        return cls(path, run_id_for(path), RunRecords(path), TranscriptWriter(path))
+        folder = cls(path, run_id_for(path), RunRecords(path), TranscriptWriter(path))
+        folder.lock = hold_run_lock(path)
+        return folder
 
     def open(self, cfg: TrainConfig, start_step: int) -> None:
         if not self.main:
@@ -96,6 +103,46 @@ class RunFolder:
     def close(self) -> None:
         self.records.close()
         self.transcripts.close()
+        if self.lock is not None:
+            release_run_lock(self.lock)
+            self.lock = None
+
+
+RUN_LOCK = ".writer.lock"
+# folders this process holds the writer's lock of, with how many open RunFolders use each
+_held_locks: dict[Path, list[int]] = {}
+
+
+def hold_run_lock(path: Path) -> Path:
+    """An exclusive ``flock`` on the run folder's lock file, held by the one process that writes its records
+    (until it closes the folder, or dies): a second writer, such as a restart while the first run's processes
+    still live, is refused instead of writing the same steps twice. One process may open its folder again."""
+    if path in _held_locks:
+        _held_locks[path][1] += 1
+        return path
+    fd = os.open(path / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UserError(f"run_dir={path}: another process (pid {holder}) is writing this run; wait for it to end or "
+                        "stop it, then start again (the run resumes from its last checkpoint), or choose another "
+                        "run_dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held_locks[path] = [fd, 1]
+    return path
+
+
+def release_run_lock(path: Path) -> None:
+    held = _held_locks.get(path)
+    if held is None:
+        return
+    held[1] -= 1
+    if held[1] == 0:
+        os.close(held[0])
+        del _held_locks[path]
 
 
 @dataclass

@@ -59,6 +59,12 @@ def test_a_killed_two_rank_run_resumes_exactly(straight, tmp_path):
     assert [m["world_size"] for m in got_metrics] == [2] * STEPS
     assert all(m["gpu_mem_peak_gb"] == 0.0 and m["mfu"] is None and m["host_rss_peak_gb"] > 0 for m in got_metrics)
     assert all(m["train_tokens"] > 0 and m["train_tokens_per_s"] > 0 for m in got_metrics)
+    # each rank's own split of the step beside the max over ranks
+    for m in got_metrics:
+        assert [r["rank"] for r in m["ranks"]] == [0, 1]
+        for key in ("generate_s", "evaluate_s", "train_s"):
+            assert max(r[key] for r in m["ranks"]) == pytest.approx(m[key], abs=1e-3)
+        assert all(0 <= r["barrier_s"] <= m["step_s"] and r["host_rss_peak_gb"] > 0 for r in m["ranks"])
     # the DeepSpeed config the run used, generated from trainer.*
     used = json.loads((killed / "deepspeed_config.json").read_text())
     assert used["zero_optimization"]["stage"] == 3 and used["train_batch_size"] == 2

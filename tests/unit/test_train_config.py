@@ -84,7 +84,7 @@ def test_help_lists_the_groups_without_schema_entries():
     proc = subprocess.run([sys.executable, "-m", "kevin_exp.train", "--help"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "model: 14b, 32b, 7b, smollm2_135m, tiny" in proc.stdout
+    assert "model: 14b, 32b, 7b, qwen25_05b_random, qwen25_3b_random, smollm2_135m, tiny" in proc.stdout
     assert "_schema" not in proc.stdout
 
 

@@ -7,6 +7,10 @@ Sources:
   (``$KEVIN_EXP_CACHE`` or ``~/.cache/kevin_exp``, ``models/smollm2_135m-<key>/{tokenizer,model}``) and
   later loads read that copy.
 - ``tiny``: a small random Llama with the SmolLM2 tokenizer, initialised the same way every time.
+- ``random``: a random-initialised model of the config's architecture numbers (``arch``, ``layers``,
+  ``hidden_size``, ...; a Qwen2.5-3B shape, say) with the SmolLM2 tokenizer, built directly on the target device in
+  the target dtype (seconds for billions of parameters on a GPU) from a fixed seed: the same weights on every
+  load on the same kind of device, on every rank.
 - ``hf``: ``from_pretrained(cfg.path)``, a local folder or a hub id.
 """
 from __future__ import annotations
@@ -69,6 +73,8 @@ def load_policy(cfg: ModelConfig, device: str | torch.device = "cpu") -> Policy:
             path, trust_remote_code=cfg.trust_remote_code, **_dtype_kwarg(dtype)))
     elif source == "smollm2":
         model = _smollm2_model()
+    elif source == "random":
+        model = _random_model(cfg, tokenizer, torch.device(device), dtype)
     else:
         model = _tiny_model(cfg, tokenizer)
     # from_pretrained returns eval mode, from_config train mode: start every source the same way
@@ -81,7 +87,7 @@ def load_policy(cfg: ModelConfig, device: str | torch.device = "cpu") -> Policy:
 
 
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
-    """The tokenizer of ``cfg`` (SmolLM2's for smollm2 and tiny), left-padded, with a pad token."""
+    """The tokenizer of ``cfg`` (SmolLM2's for smollm2, tiny and random), left-padded, with a pad token."""
     source = _check_source(cfg)
     if cfg.tokenizer_path:
         folder = os.path.expanduser(cfg.tokenizer_path)
@@ -279,3 +285,24 @@ def _tiny_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrai
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return AutoModelForCausalLM.from_config(config, **_dtype_kwarg(torch.float32))
+
+
+def _random_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, device: torch.device,
+                  dtype: torch.dtype) -> PreTrainedModel:
+    problems = cfg.extra_checks("model.")
+    if problems:
+        raise ModelConfigError("; ".join(problems))
+    if cfg.vocab_size < len(tokenizer):
+        raise ModelConfigError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's {len(tokenizer)} "
+                               "tokens: set it to at least that")
+    config_class = transformers.Qwen2Config if cfg.arch == "qwen2" else transformers.LlamaConfig
+    config = config_class(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads or cfg.hidden_size // cfg.head_dim,
+        num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_dim, max_position_embeddings=32768,
+        tie_word_embeddings=cfg.tied_embeddings, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(config, **_dtype_kwarg(dtype))

@@ -30,6 +30,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
+
 from kevin_exp.config import AlgorithmConfig, TrainConfig, world_size_problems
 from kevin_exp.distributed import context_from_env
 from kevin_exp.errors import UserError
@@ -244,7 +246,9 @@ class TrainingRun:
     def train_step(self, step: int, rollout: "StepRollout", t_step: float) -> dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
         samples, times = rollout.samples, rollout.times
-        every = collectives.gather_to_main(samples)
+        t_gather = time.perf_counter()
+        every = collectives.gather_to_main(samples)  # where a rank that finished its rollout first waits
+        barrier_s = time.perf_counter() - t_gather
         all_samples = [s for share in every for s in share] if every is not None else []
         if ctx.is_main:
             self.records.append_turns([turn_row(self.run_id, "train", step, s, self.settings, cfg.model.usual_opening,
@@ -265,6 +269,8 @@ class TrainingRun:
             [times.generate_s, times.evaluate_s, times.evaluate_wait_s, train_s, gpu_peak_gb(self.device),
              host_rss_peak_gb()], "max")
         step_s = collectives.reduce_values([time.perf_counter() - t_step], "max")[0]
+        # each rank's own split of the step: the max over ranks above hides which rank the others waited for
+        ranks = collectives.gather_to_main(rank_times(ctx.rank, times, barrier_s, train_s, self.device))
         metrics: dict[str, Any] = {}
         if ctx.is_main:
             metrics = metrics_row(self.run_id, step, all_samples, stats, RolloutTimes(gen_s, eval_s, wait_s), train_s,
@@ -275,5 +281,15 @@ class TrainingRun:
             metrics.update({k: round(v, 4) for k, v in zip(engine_stats, engine_values)})
             # policy versions between the weights the step's responses were sampled with and those it trained
             metrics["policy_staleness"] = rollout.staleness
+            metrics["ranks"] = ranks
             self.records.append_metrics(metrics)
         return collectives.broadcast_object(metrics)
+
+
+def rank_times(rank: int, times: RolloutTimes, barrier_s: float, train_s: float, device: torch.device) -> dict[str, Any]:
+    """One rank's split of a step: rolling out (generating, evaluating, waiting on verdicts with nothing to
+    generate), waiting at the step's barrier for the other ranks' rollouts, training; and its own memory peaks."""
+    return {"rank": rank, "generate_s": round(times.generate_s, 4), "evaluate_s": round(times.evaluate_s, 4),
+            "evaluate_wait_s": round(times.evaluate_wait_s, 4), "barrier_s": round(barrier_s, 4),
+            "train_s": round(train_s, 4), "gpu_mem_peak_gb": round(gpu_peak_gb(device), 4),
+            "host_rss_peak_gb": round(host_rss_peak_gb(), 4)}

@@ -31,7 +31,9 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
+from pathlib import Path
 
 MAX_MESSAGE = 1 << 16
 MAX_FDS = 16
@@ -60,6 +62,25 @@ def warm_imports(backend: str) -> None:
 
 def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
+
+
+def thread_names() -> list[str]:
+    names = []
+    for task in sorted(os.listdir("/proc/self/task")):
+        try:
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+        except OSError:
+            pass
+    return names
+
+
+def settle_threads(limit_s: float) -> int:
+    """Wait up to ``limit_s`` for threads that imports started and that end on their own (seen on a GPU machine
+    right after ``import torch``); returns how many threads remain."""
+    deadline = time.monotonic() + limit_s
+    while thread_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return thread_count()
 
 
 def _send(sock: socket.socket, message: dict) -> None:
@@ -212,8 +233,9 @@ class Server:
 
     def _spawn(self, request: dict, fds: list[int], poller: select.poll) -> dict:
         try:
-            if thread_count() != 1:
-                return {"error": f"the fork server has {thread_count()} threads; a fork would copy only one"}
+            if settle_threads(2.0) != 1:
+                return {"error": f"the fork server has {thread_count()} threads ({', '.join(thread_names())}); a fork "
+                                 "would copy only one"}
             sys.stdout.flush()
             sys.stderr.flush()
             read_fd, write_fd = os.pipe()
@@ -281,7 +303,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     warm_imports(args.backend)
-    _send(sock, {"op": "ready", "threads": thread_count(), "pid": os.getpid()})
+    threads = settle_threads(10.0)
+    _send(sock, {"op": "ready", "threads": threads, "thread_names": thread_names(), "pid": os.getpid()})
     Server(sock).serve()
 
 
