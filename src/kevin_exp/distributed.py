@@ -8,6 +8,7 @@ process group.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import socket
 from dataclasses import dataclass
@@ -57,6 +58,30 @@ def init_process_group(ctx: DistContext, backend: str, timeout_s: float) -> None
                                          timeout=datetime.timedelta(seconds=timeout_s))
 
 
+# set where a process exported the variables below itself, for a world of one (join_process_group): its pid
+# and the values it set
+SELF_WORLD_ENV = "KEVIN_EXP_SELF_WORLD"
+WORLD_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def forget_inherited_world() -> None:
+    """A process started by one that had joined a world of one on its own inherits that world's variables: they
+    are no launcher's, so drop them (unless a launcher has set its own since, as torchrun does)."""
+    raw = os.environ.get(SELF_WORLD_ENV)
+    if raw is None:
+        return
+    try:
+        mark = json.loads(raw)
+    except ValueError:
+        mark = {}
+    if mark.get("pid") == os.getpid():
+        return
+    del os.environ[SELF_WORLD_ENV]
+    if all(os.environ.get(k) == mark.get(k) for k in WORLD_ENV):
+        for k in WORLD_ENV:
+            os.environ.pop(k, None)
+
+
 def join_process_group(ctx: DistContext, device: torch.device, timeout_s: float) -> None:
     """The run's process group, made once (the launcher, the generator's engine or the learner may ask first): a
     world of one gets its own, since DeepSpeed and vLLM's external-launcher engine always need one."""
@@ -69,9 +94,15 @@ def join_process_group(ctx: DistContext, device: torch.device, timeout_s: float)
     if ctx.distributed:
         init_process_group(ctx, backend, timeout_s)
         return
+    # DeepSpeed and vLLM's external launcher read these; the marker tells launch.launched_ranks that no launcher
+    # set them (a later job of the same process may still start ranks of its own)
+    forget_inherited_world()
+    if "RANK" not in os.environ:
+        os.environ.update(MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"), MASTER_PORT=str(_free_port()),
+                          RANK="0", WORLD_SIZE="1")
+        os.environ[SELF_WORLD_ENV] = json.dumps({"pid": os.getpid(), **{k: os.environ[k] for k in WORLD_ENV}})
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     torch.distributed.init_process_group(backend, rank=0, world_size=1, timeout=datetime.timedelta(seconds=timeout_s))
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kevin_exp.config import TrainConfig, world_size_problems
-from kevin_exp.distributed import DistContext, context_from_env, init_process_group
+from kevin_exp.distributed import SELF_WORLD_ENV, DistContext, context_from_env, forget_inherited_world, init_process_group
 from kevin_exp.errors import UserError
 
 _joined: list[dict[str, Any]] = []
@@ -42,8 +42,10 @@ class LaunchError(UserError):
 def launched_ranks(env: dict[str, str] | None = None) -> bool:
     """A launcher (torchrun, the elastic launcher, submitit via ``rank_env_from_slurm``) has placed this
     process in a world: nothing must be started again."""
-    env = os.environ if env is None else env
-    return "RANK" in env and "WORLD_SIZE" in env
+    if env is None:
+        forget_inherited_world()
+        env = os.environ
+    return "RANK" in env and "WORLD_SIZE" in env and SELF_WORLD_ENV not in env
 
 
 def rank_env_from_slurm() -> bool:
@@ -94,6 +96,8 @@ def spawn_local_ranks(cfg: TrainConfig, overrides: list[str], run_dir: str, modu
         print(f"rank {rank} of {n} failed (exit status {failure.exitcode}); the other ranks were stopped",
               file=sys.stderr, flush=True)
         raise SystemExit(failure.exitcode if failure.exitcode > 0 else 1) from None
+    finally:  # a later job of a sweep may run in this process
+        os.environ.pop(LAUNCHER_PID_ENV, None)
 
 
 def as_launched(cfg: TrainConfig, ctx: DistContext) -> TrainConfig:
@@ -155,7 +159,7 @@ def end_with_launcher() -> None:
     a launcher killed with SIGKILL cannot stop its ranks, which would run on beside a restarted run and write
     into its folder. (torchrun and SLURM end their own ranks.)"""
     launcher = os.environ.get(LAUNCHER_PID_ENV)
-    if not launcher or not sys.platform.startswith("linux"):
+    if not launcher or not launched_ranks() or not sys.platform.startswith("linux"):
         return
     import ctypes
     import signal

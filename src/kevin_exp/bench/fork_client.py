@@ -159,7 +159,8 @@ class ForkServer:
             self.unusable = f"the fork server cannot serve: {ready['error']}"
         elif ready.get("threads") != 1:
             self.unusable = (f"the fork server has {ready.get('threads')} threads after its imports "
-                             f"({', '.join(ready.get('thread_names') or [])}); a fork copies only one")
+                             f"({', '.join(ready.get('thread_names') or [])}; the first after importing "
+                             f"{ready.get('threaded_by')}); a fork copies only one")
         return not self.unusable
 
     def spawn(self, argv: list[str], env: dict[str, str], fds: dict[int, int], namespaces: bool) -> ForkedRunner | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib
 import json
 import os
 import resource
@@ -43,21 +44,21 @@ _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWPID, _CLONE_NEWNET = (
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def warm_imports(backend: str) -> None:
-    """What every runner imports before its candidate arrives (``worker.entry``), without running anything."""
-    import torch  # noqa: F401
-    import torch.utils.cpp_extension  # noqa: F401
+WARM_IMPORTS = ("torch", "torch.utils.cpp_extension", "kevin_exp.bench.runtime_guard", "kevin_exp.bench.seccomp",
+                "kevin_exp.bench.worker.entry", "kevin_exp.bench.worker.runner", "kevin_exp.bench.worker.timing")
+# the module only: CUDA itself starts in each runner
+CUDA_IMPORTS = ("torch.cuda", "kevin_exp.bench.device_gate")
 
-    import kevin_exp.bench.runtime_guard  # noqa: F401
-    import kevin_exp.bench.seccomp  # noqa: F401
-    import kevin_exp.bench.worker.entry  # noqa: F401
-    import kevin_exp.bench.worker.runner  # noqa: F401
-    import kevin_exp.bench.worker.timing  # noqa: F401
 
-    if backend == "cuda":
-        import torch.cuda  # noqa: F401  (the module only: CUDA itself starts in each runner)
-
-        import kevin_exp.bench.device_gate  # noqa: F401
+def warm_imports(backend: str) -> str | None:
+    """What every runner imports before its candidate arrives (``worker.entry``), without running anything.
+    Returns the first module after whose import the process had more than one thread (None: none had)."""
+    first_threaded = None
+    for name in WARM_IMPORTS + (CUDA_IMPORTS if backend == "cuda" else ()):
+        importlib.import_module(name)
+        if first_threaded is None and thread_count() > 1:
+            first_threaded = name
+    return first_threaded
 
 
 def thread_count() -> int:
@@ -302,9 +303,10 @@ def main(argv: list[str] | None = None) -> None:
         _send(sock, {"op": "ready", "error": "prctl(PR_SET_CHILD_SUBREAPER) failed"})
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    warm_imports(args.backend)
+    threaded_by = warm_imports(args.backend)
     threads = settle_threads(10.0)
-    _send(sock, {"op": "ready", "threads": threads, "thread_names": thread_names(), "pid": os.getpid()})
+    _send(sock, {"op": "ready", "threads": threads, "thread_names": thread_names(), "threaded_by": threaded_by,
+                 "pid": os.getpid()})
     Server(sock).serve()
 
 
