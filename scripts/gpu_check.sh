@@ -74,7 +74,8 @@ if has generation; then  # the transformers rollout: new tokens/s before and aft
     --out "$out/generation.json" 2>&1 | tee "$out/generation.txt"
 fi
 if has step; then  # a Kevin-shaped step (8 x 16 x 2) by rollout schedule: how much of it waits on verdicts
-  timeout ${LIMIT_STEP:-570} $py benchmarks/step_time.py --backend cuda --out "$out/step.json" 2>&1 | tee "$out/step.txt"
+  # (one schedule takes minutes: STEP_ARGS="--schedules barrier", then "--schedules pipeline", in two calls)
+  timeout ${LIMIT_STEP:-570} $py benchmarks/step_time.py --backend cuda ${STEP_ARGS:-} --out "$out/step.json" 2>&1 | tee "$out/step.txt"
 fi
 if has multigpu; then  # every GPU of the host: parity with one rank, a killed and resumed run, the split per rank
   rm -rf /tmp/kx-multigpu
