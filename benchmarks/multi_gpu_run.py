@@ -20,7 +20,9 @@ Phases (``--phases``, in this order):
   gradients are reduced over ranks in another order).
 - ``run``: ``python -m kevin_exp.train`` with that model, ``trainer=deepspeed``, the scripted policy (real kernels
   from the built-in suite, so the cuda evaluator compiles, checks and times them on each rank's own GPU),
-  ``tasks_per_step`` = ranks x ``--tasks-per-rank``, 16 trajectories x 2 turns, and ``resources`` giving one rank
+  ``tasks_per_step`` = ranks x ``--tasks-per-rank``, 16 trajectories x 2 turns, answers that open with
+  ``--think-tokens`` of reasoning-like prose (sequences of several thousand tokens, as the paper's: the
+  micro-batches and log-prob chunks the resource check sizes for fill up), and ``resources`` giving one rank
   per GPU (the run starts its ranks itself through torch's elastic launcher). The run is killed (SIGKILL to its
   whole process group) once its first checkpoint is complete, then started again with the same command: it
   resumes and finishes ``--steps`` steps. Checked: every step is in ``metrics.jsonl`` once, each rank's split is in
@@ -48,7 +50,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 # The same tolerance as the CPU tests of the learner over ranks (tests/integration/test_deepspeed_learner.py)
 PARITY_REL = 1e-5
 ADVANTAGES = [1.0, -0.5, 0.7, -1.0, 0.3, -0.8, 0.9, -0.2]  # no 4 in a row sum to 0: a surrogate loss that is not 0
-SMOKE = dict(model="tiny", seq=48, prompt=16, sequences=4, steps=2, tasks_per_rank=1, trajectories=3)
+SMOKE = dict(model="tiny", seq=48, prompt=16, sequences=4, steps=2, tasks_per_rank=1, trajectories=3, think_tokens=64)
 
 
 # ---------------------------------------------------------------------------------------------- parity (one rank)
@@ -223,6 +225,9 @@ def train_command(args: argparse.Namespace, world: int, run_dir: Path) -> list[s
     common = [f"model={args.model}", "trainer=deepspeed", "rollout.backend=scripted", f"steps={args.steps}",
               f"tasks_per_step={tasks}", f"n_trajectories={args.trajectories}", "n_turns=2", "logger.progress=lines",
               "trainer.checkpoint_every=1", "trainer.warmup_ratio=0", f"hydra.run.dir={run_dir}"]
+    if args.think_tokens:  # responses of a reasoning model's length: micro-batches and log-prob chunks fill up
+        common += [f"rollout.scripted_think_tokens={args.think_tokens}",
+                   f"rollout.max_new_tokens={args.think_tokens + 1024}"]
     if args.smoke:
         common += ["resources=cpu", "resources.gpus_per_node=0", f"resources.ranks_per_node={world}", "evaluator.backend=cpu",
                    "trainer.bf16=false", "trainer.offload_optimizer=none", "trainer.device=cpu",
@@ -337,6 +342,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2, help="steps of the training run")
     ap.add_argument("--tasks-per-rank", type=int, default=1)
     ap.add_argument("--trajectories", type=int, default=16)
+    ap.add_argument("--think-tokens", type=int, default=3000,
+                    help="rollout.scripted_think_tokens of the run (max_new_tokens 1024 more): the paper's lengths")
     ap.add_argument("--rel", type=float, default=PARITY_REL)
     ap.add_argument("--phase-limit-s", type=float, default=420.0, help="each phase's processes are killed after this")
     ap.add_argument("--smoke", action="store_true", help=f"CPU ranks and the tiny model: {SMOKE}")

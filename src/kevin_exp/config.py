@@ -169,12 +169,22 @@ class RolloutConfig:
     # weights from before this step's update: one policy version behind, recorded per step as policy_staleness
     # (docs/async-steps.md says when that is safe); 0: each step's rollouts use that step's weights
     async_steps: int = number(0, ge=0)
+    # backend=scripted: tokens of reasoning-like prose before each answer, so responses are as long as a reasoning
+    # model's (scale and memory runs of the paper's shape with a model that cannot write kernels); < max_new_tokens
+    scripted_think_tokens: int = number(0, ge=0)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def extra_checks(self, prefix: str) -> list[str]:
         problems = []
         if self.backend == "scripted" and self.env != "kernel":
             problems.append(f"{prefix}backend=scripted answers with kernels: it needs {prefix}env=kernel, not {self.env}")
+        if self.scripted_think_tokens and self.backend != "scripted":
+            problems.append(f"{prefix}scripted_think_tokens={self.scripted_think_tokens}: a setting of the scripted "
+                            f"backend, but {prefix}backend={self.backend}; leave it out")
+        elif self.scripted_think_tokens >= self.max_new_tokens:
+            problems.append(f"{prefix}scripted_think_tokens={self.scripted_think_tokens}: must leave room for the "
+                            f"answer within {prefix}max_new_tokens={self.max_new_tokens}; raise max_new_tokens or "
+                            f"lower it")
         if self.compile and self.backend != "hf":
             problems.append(f"{prefix}compile=true: a setting of the hf backend, but {prefix}backend={self.backend}; "
                             f"leave it out")

@@ -31,6 +31,8 @@ NCCL_GB = 1.0
 ZERO2_BUCKETS_GB = 2 * 5e8 * 2 / GB
 # one rank's host process outside its tensors: Python, torch and CUDA host state, tokenizer, pinned staging
 RANK_PROCESS_GB = 6.0
+# DeepSpeed's pinned staging beside the offloaded optimizer states, bytes per parameter (per rank: divided by W)
+HOST_OFFLOAD_BUFFERS_BYTES = 4
 # one HF checkpoint shard file, what a ZeRO-3 rank holds in host memory at a time while loading
 CHECKPOINT_SHARD_GB = 5.0
 # one compiler process of the evaluator (nvcc/cicc on a KernelBench kernel with torch headers)
@@ -197,7 +199,9 @@ def estimate(x: MemoryLayout) -> MemoryEstimate:
         gpu_params = 0.0 if x.offload_params == "cpu" else params / params_shards
         gpu_optim = 0.0 if x.offload_optimizer == "cpu" else optim / w
         gpu_grads = grads / w
-        host_offload = ((optim + 4 * p) / w if x.offload_optimizer == "cpu" else 0.0) \
+        # offloaded: fp32 states and gradient partitions, and DeepSpeed's host-side buffers beside them (4 bytes per
+        # parameter per rank: measured 3.4 on 2 x H200 with the Qwen2.5-3B shape, docs/benchmarks.md)
+        host_offload = ((optim + 4 * p + HOST_OFFLOAD_BUFFERS_BYTES * p) / w if x.offload_optimizer == "cpu" else 0.0) \
             + (params / w if x.offload_params == "cpu" else 0.0)
         reference = (a * p / params_shards) if x.reference else 0.0
         # ZeRO-3 trains a partitioned copy; the in-process generator samples from a whole one in model.dtype (under

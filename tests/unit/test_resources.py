@@ -78,8 +78,9 @@ def test_offload_moves_the_optimizer_and_params_to_the_host_of_each_node():
     base = estimate(QWQ)
     opt = estimate(dataclasses.replace(QWQ, offload_optimizer="cpu"))
     assert opt.optimizer_gb == 0.0 and opt.weights_gb == base.weights_gb
-    # every rank of the node holds its partition of the fp32 states and fp32 gradients in host memory
-    assert opt.host_offload_gb == pytest.approx(8 * (12 + 4) * P32 / 8 / 1e9)
+    # every rank of the node holds its partition of the fp32 states and fp32 gradients in host memory, and
+    # DeepSpeed's staging buffers beside them
+    assert opt.host_offload_gb == pytest.approx(8 * (12 + 4 + 4) * P32 / 8 / 1e9)
     both = estimate(dataclasses.replace(QWQ, offload_optimizer="cpu", offload_params="cpu"))
     assert both.weights_gb == 0.0
     assert both.host_offload_gb == pytest.approx(opt.host_offload_gb + 8 * 2 * P32 / 8 / 1e9)

@@ -82,7 +82,7 @@ def build_generator(cfg: TrainConfig, policy: Policy, tasks: list[Problem], kern
     if ro.backend == "scripted":
         from kevin_exp.rollout.scripted import ScriptedGenerator
 
-        return ScriptedGenerator(policy.tokenizer, tasks, kernel_backend, n_trajectories)
+        return ScriptedGenerator(policy.tokenizer, tasks, kernel_backend, n_trajectories, ro.scripted_think_tokens)
     if ro.backend == "vllm":
         from kevin_exp.distributed import context_from_env
         from kevin_exp.rollout.vllm_engine import VLLMGenerator
