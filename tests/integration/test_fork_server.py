@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +78,10 @@ def test_a_fork_server_killed_mid_session_costs_no_verdict(build_cache):
         # started again once, and forking again
         assert ev.fork_server.pid != old and ev.fork_server.describe().startswith("fork")
         assert ev.isolation().endswith("runners start by fork (from a warm fork server)")
+        # on a CUDA build, importing torch.utils.cpp_extension asks whether CUDA is available: through NVML, so the
+        # driver (and its thread) does not start in the server (tests/gpu checks the fork itself)
+        environ = Path(f"/proc/{ev.fork_server.pid}/environ").read_bytes().split(b"\0")
+        assert b"PYTORCH_NVML_BASED_CUDA_CHECK=1" in environ
 
 
 def test_closing_the_evaluator_ends_the_server_and_every_runner(build_cache):
