@@ -63,6 +63,24 @@ def test_one_step_generating_with_a_135m_sized_model_on_the_gpu(tmp_path, build_
     assert metrics["logprob_diff_max"] < 1e-2
 
 
+def test_one_step_generating_with_a_05b_qwen_shape_compiled_on_the_gpu(tmp_path, build_cache):
+    """Qwen2.5-0.5B's shape (random weights, bf16) through the fast transformers path: every trajectory of a turn in
+    one generate() call, a static KV cache and a compiled decoding step (rollout.compile=true)."""
+    run = TrainingRun(compose_train(
+        ["model=qwen25_05b_random", "rollout.compile=true", "rollout.generation_batch_size=64",
+         "evaluator.backend=cuda", f"evaluator.cache_dir={build_cache}", "steps=1", "rollout.max_new_tokens=512",
+         "logger.progress=none", *_tokenizer_override()], tmp_path))
+    run.setup()
+    [metrics] = run.fit()
+    print("0.5B-shaped compiled cuda step time split:", _split(metrics), "samples", metrics["samples"],
+          "response tokens mean", metrics["response_tokens_mean"])
+    assert metrics["samples"] == run.cfg.tasks_per_step * run.cfg.n_trajectories * run.cfg.n_turns
+    assert metrics["generate_s"] > 0 and metrics["train_s"] > 0 and metrics["response_tokens_mean"] > 0
+    # bf16 sampling with a static cache against the learner's full forward: reported, and bounded
+    print("0.5B-shaped bf16 logprob_diff mean/max:", metrics["logprob_diff_mean"], metrics["logprob_diff_max"])
+    assert metrics["logprob_diff_max"] < 1.0
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_sampler_and_learner_log_probs_on_the_gpu(dtype):
     """fp32 agrees to rounding; bf16 shows the mismatch logprob_diff is there to report."""
