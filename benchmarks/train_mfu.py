@@ -11,7 +11,7 @@ log-softmax -> target token, each chunk recomputed in the backward pass; then th
 through a DeepSpeed engine built from the config ``trainer=deepspeed`` generates.
 
 For each configuration of a small grid (micro-batch sizes, the share of decoder layers checkpointed --
-``trainer.checkpoint_layers``, 0 for none --, optimizer offload none/cpu, ZeRO-3 parameter persistence), in its
+``trainer.checkpoint_layers``, 0 for none --, optimizer offload none/cpu, ZeRO-3 parameter persistence, ZeRO-2), in its
 own process (with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, recorded) so an OOM or a crash costs
 only that configuration, it measures:
 - forward+backward of one micro-batch (no optimizer step; the mean of a few after a warm-up one),
@@ -69,17 +69,19 @@ def default_grid() -> list[dict]:
     edge of 80 GB. Per micro-batch there is also a fixed cost (~1 s at 3B: mb4, mb8 and mb16 fit a + b x mb), which
     larger micro-batches amortise and ZeRO-3 parameter persistence may remove. Offload configurations come first:
     the first builds DeepSpeed's CPU Adam (once per machine)."""
-    def cfg(mb: int, ckpt: float, offload: str = "none", persist: bool = False) -> dict:
-        return {"micro_batch": mb, "checkpoint_layers": ckpt, "offload": offload, "persist": persist}
+    def cfg(mb: int, ckpt: float, offload: str = "none", persist: bool = False, stage: int = 3) -> dict:
+        return {"micro_batch": mb, "checkpoint_layers": ckpt, "offload": offload, "persist": persist, "stage": stage}
 
-    return [cfg(16, 0.75, "cpu"), cfg(16, 0.5, "cpu"), cfg(16, 0.75, "cpu", persist=True), cfg(24, 1.0, "cpu"),
-            cfg(8, 0.5), cfg(16, 1.0, "cpu"), cfg(24, 0.75, "cpu")]
+    # ZeRO-2 on one GPU gathers nothing per micro-batch (the whole bf16 model stays on the GPU, 6 GB at 3B)
+    return [cfg(16, 0.75, "cpu"), cfg(16, 0.75, "cpu", stage=2), cfg(16, 1.0, "cpu", stage=2), cfg(16, 0.5, "cpu"),
+            cfg(16, 0.75, "cpu", persist=True), cfg(24, 1.0, "cpu"), cfg(8, 0.5), cfg(16, 1.0, "cpu"),
+            cfg(24, 0.75, "cpu")]
 
 
 def name_of(c: dict) -> str:
     ck = c["checkpoint_layers"]
     return (f"mb{c['micro_batch']}_{f'ckpt{ck:g}' if ck > 0 else 'nockpt'}_offload-{c['offload']}"
-            f"{'_persist' if c['persist'] else ''}")
+            f"{'_persist' if c['persist'] else ''}{'_zero2' if c.get('stage', 3) == 2 else ''}")
 
 
 # ---------------------------------------------------------------------------------------------- one configuration
@@ -135,7 +137,8 @@ def run_one(c: dict, args: argparse.Namespace) -> dict:
     seq, prompt_len = args.seq, args.prompt
     resp_len = seq - prompt_len
     mb = c["micro_batch"]
-    trainer = TrainerConfig(backend="deepspeed", zero_stage=3, offload_optimizer=c["offload"], bf16=not smoke, lr=1e-6,
+    trainer = TrainerConfig(backend="deepspeed", zero_stage=c.get("stage", 3), offload_optimizer=c["offload"],
+                            bf16=not smoke, lr=1e-6,
                             grad_clip=1.0, micro_batch_tokens=mb * seq, logprob_chunk_tokens=args.chunk_tokens,
                             activation_checkpointing=c["checkpoint_layers"] > 0,
                             checkpoint_layers=c["checkpoint_layers"] if c["checkpoint_layers"] > 0 else 1.0)
@@ -306,8 +309,9 @@ def main() -> None:
         return
     grid = default_grid()
     if args.smoke:
-        grid = [{"micro_batch": 2, "checkpoint_layers": ck, "offload": off, "persist": persist}
-                for ck, off, persist in ((0.5, "cpu", False), (1.0, "cpu", True), (0.0, "none", False))]
+        grid = [{"micro_batch": 2, "checkpoint_layers": ck, "offload": off, "persist": persist, "stage": stage}
+                for ck, off, persist, stage in ((0.5, "cpu", False, 3), (1.0, "cpu", True, 3), (0.0, "none", False, 3),
+                                                (1.0, "cpu", False, 2))]
     start = time.perf_counter()
     results = []
     with open(Path(args.out) / "results.jsonl", "w") as fh:
@@ -332,7 +336,7 @@ def main() -> None:
                   f"best whole step:       {best_step['name']}: MFU {100 * best_step['step_mfu']:.1f}% "
                   f"({best_step['step_tokens_per_s']:.0f} tokens/s)"]
         if args.profile:
-            c = {k: best[k] for k in ("micro_batch", "checkpoint_layers", "offload", "persist")}
+            c = {k: best[k] for k in ("micro_batch", "checkpoint_layers", "offload", "persist", "stage")}
             p = launch(c, args, timeout=max(120.0, args.budget_s / 4), profile_run=True)
             lines.append(f"profile: {p.get('profile', p['status'] + ' ' + p.get('error', '')[:300])}")
     else:
