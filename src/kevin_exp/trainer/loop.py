@@ -265,14 +265,14 @@ class TrainingRun:
         trained = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples
                       if s.response_ids and (s.advantage != 0.0 or cfg.algorithm.kl_coef > 0)) * cfg.trainer.epochs
         trained_tokens = collectives.reduce_values([trained], "sum")[0]
-        gen_s, eval_s, wait_s, train_s, gpu_gb, rss_gb = collectives.reduce_values(
-            [times.generate_s, times.evaluate_s, times.evaluate_wait_s, train_s, gpu_peak_gb(self.device),
-             host_rss_peak_gb()], "max")
         step_s = collectives.reduce_values([time.perf_counter() - t_step], "max")[0]
-        # each rank's own split of the step: the max over ranks above hides which rank the others waited for
+        # each rank's own split of the step; the step's columns are the max over ranks, which hides who waited
         ranks = collectives.gather_to_main(rank_times(ctx.rank, times, barrier_s, train_s, self.device))
         metrics: dict[str, Any] = {}
         if ctx.is_main:
+            gen_s, eval_s, wait_s, train_s, gpu_gb, rss_gb = (
+                max(r[k] for r in ranks) for k in ("generate_s", "evaluate_s", "evaluate_wait_s", "train_s",
+                                                    "gpu_mem_peak_gb", "host_rss_peak_gb"))
             metrics = metrics_row(self.run_id, step, all_samples, stats, RolloutTimes(gen_s, eval_s, wait_s), train_s,
                                   step_s, self.settings, cfg.model.usual_opening)
             metrics.update(scale_columns(ctx.world_size, trained_tokens, train_s, gpu_gb, rss_gb,
@@ -281,7 +281,7 @@ class TrainingRun:
             metrics.update({k: round(v, 4) for k, v in zip(engine_stats, engine_values)})
             # policy versions between the weights the step's responses were sampled with and those it trained
             metrics["policy_staleness"] = rollout.staleness
-            metrics["ranks"] = ranks
+            metrics["ranks"] = [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in ranks]
             self.records.append_metrics(metrics)
         return collectives.broadcast_object(metrics)
 
@@ -289,7 +289,6 @@ class TrainingRun:
 def rank_times(rank: int, times: RolloutTimes, barrier_s: float, train_s: float, device: torch.device) -> dict[str, Any]:
     """One rank's split of a step: rolling out (generating, evaluating, waiting on verdicts with nothing to
     generate), waiting at the step's barrier for the other ranks' rollouts, training; and its own memory peaks."""
-    return {"rank": rank, "generate_s": round(times.generate_s, 4), "evaluate_s": round(times.evaluate_s, 4),
-            "evaluate_wait_s": round(times.evaluate_wait_s, 4), "barrier_s": round(barrier_s, 4),
-            "train_s": round(train_s, 4), "gpu_mem_peak_gb": round(gpu_peak_gb(device), 4),
-            "host_rss_peak_gb": round(host_rss_peak_gb(), 4)}
+    return {"rank": rank, "generate_s": times.generate_s, "evaluate_s": times.evaluate_s,
+            "evaluate_wait_s": times.evaluate_wait_s, "barrier_s": barrier_s, "train_s": train_s,
+            "gpu_mem_peak_gb": gpu_peak_gb(device), "host_rss_peak_gb": host_rss_peak_gb()}
