@@ -297,6 +297,8 @@ def main() -> None:
     ap.add_argument("--chunk-tokens", type=int, default=4096, help="trainer.logprob_chunk_tokens")
     ap.add_argument("--measure", type=int, default=3, help="timed micro-batches per configuration")
     ap.add_argument("--profile", action="store_true", help="profile the best configuration (DIR/profile.txt)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                    help="run only these configurations of the grid, by name (e.g. mb16_ckpt1_offload-cpu_zero2)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model on the CPU (checks this script)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--profile-run", action="store_true", help=argparse.SUPPRESS)
@@ -312,6 +314,12 @@ def main() -> None:
         grid = [{"micro_batch": 2, "checkpoint_layers": ck, "offload": off, "persist": persist, "stage": stage}
                 for ck, off, persist, stage in ((0.5, "cpu", False, 3), (1.0, "cpu", True, 3), (0.0, "none", False, 3),
                                                 (1.0, "cpu", False, 2))]
+    if args.only:
+        unknown = sorted(set(args.only) - {name_of(c) for c in grid})
+        if unknown:
+            raise SystemExit(f"--only: no configuration named {', '.join(unknown)}; the grid has "
+                             f"{', '.join(name_of(c) for c in grid)}")
+        grid = [c for c in grid if name_of(c) in args.only]
     start = time.perf_counter()
     results = []
     with open(Path(args.out) / "results.jsonl", "w") as fh:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run on a GPU machine (the image already has torch, numpy, ninja, pytest): GPU tests and GPU benchmarks.
 # Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [STAGES] [test paths / pytest args...]
+# STAGE_ARGS-style knobs: BENCH_ARGS, TRAIN_ARGS, TRAIN_CLI, MFU_ARGS, GENERATION_ARGS, STEP_ARGS, MULTIGPU_ARGS
 # STAGES: comma-separated contention,cost,bench,bench128,tests,adversarial,fidelity,train,mfu,generation,step,multigpu,
 # compare,compile
 # (default all, in that order),
@@ -60,18 +61,19 @@ if has fidelity; then  # the same honest kernel evaluated 4 times: spread of its
   timeout ${LIMIT_FIDELITY:-420} $py benchmarks/timing_fidelity.py --backend cuda --repeats 4 --out "$out/fidelity.json" 2>&1 | tee "$out/fidelity.txt"
 fi
 if has train; then
-  timeout ${LIMIT_TRAIN:-300} $py -m pytest -rA -s -m gpu --durations=0 tests/gpu/test_train_cuda.py 2>&1 | tee "$out/gpu-train-tests.txt"
-  if [[ -n ${KEVIN_EXP_TOKENIZER:-} ]]; then
+  # TRAIN_ARGS: pytest selection, e.g. TRAIN_ARGS="-k 05b"; TRAIN_CLI=0 skips the CLI run
+  timeout ${LIMIT_TRAIN:-300} $py -m pytest -rA -s -m gpu --durations=0 tests/gpu/test_train_cuda.py ${TRAIN_ARGS:-} 2>&1 | tee "$out/gpu-train-tests.txt"
+  if [[ -n ${KEVIN_EXP_TOKENIZER:-} && ${TRAIN_CLI:-1} != 0 ]]; then
     timeout 150 $py -m kevin_exp.train model=tiny model.tokenizer_path="$KEVIN_EXP_TOKENIZER" steps=1 logger.progress=lines \
       hydra.run.dir=/tmp/kx-train-cli 2>&1 | tee "$out/train-cli.txt"
   fi
 fi
 if has mfu; then  # training throughput of a 3B Qwen2.5-shaped model under ZeRO-3 (one rank)
-  timeout ${LIMIT_MFU:-540} $py benchmarks/train_mfu.py --out "$out/mfu" 2>&1 | tee "$out/mfu.txt"
+  timeout ${LIMIT_MFU:-540} $py benchmarks/train_mfu.py --out "$out/mfu" ${MFU_ARGS:-} 2>&1 | tee "$out/mfu.txt"
 fi
 if has generation; then  # the transformers rollout: new tokens/s before and after batching and compile
   timeout ${LIMIT_GENERATION:-540} $py benchmarks/generation_speed.py ${KEVIN_EXP_TOKENIZER:+--tokenizer "$KEVIN_EXP_TOKENIZER"} \
-    --out "$out/generation.json" 2>&1 | tee "$out/generation.txt"
+    ${GENERATION_ARGS:-} --out "$out/generation.json" 2>&1 | tee "$out/generation.txt"
 fi
 if has step; then  # a Kevin-shaped step (8 x 16 x 2) by rollout schedule: how much of it waits on verdicts
   # (one schedule takes minutes: STEP_ARGS="--schedules barrier", then "--schedules pipeline", in two calls)
