@@ -44,6 +44,9 @@ def main() -> None:
     config = BenchConfig(backend=args.backend, cache_dir=cache_dir, timed_trials=args.timed_trials)
     speedups: dict[str, list[float]] = {p.problem_id: [] for p in problems}
     ref_ms: dict[str, list[float]] = {p.problem_id: [] for p in problems}
+    # per repeat: which time the verdict used, the reported samples' spread, the run's stages (to see where the
+    # drift between evaluations is: the kernel's own time, the outside bound, or the path around the call)
+    timings: dict[str, list[dict]] = {p.problem_id: [] for p in problems}
     failures: dict[str, list[str]] = {}
     repeat_s = []
     for r in range(args.repeats):
@@ -56,13 +59,17 @@ def main() -> None:
         for v in verdicts:
             if v.status is Status.OK:
                 speedups[v.problem_id].append(v.speedup)
+                stats = v.runtime_stats
+                timings[v.problem_id].append({**v.extra.get("timing", {}), "phases": v.extra.get("phases", {}),
+                                              **({"min_ms": stats.min_ms, "p25_ms": stats.p25_ms, "p75_ms": stats.p75_ms,
+                                                  "max_ms": stats.max_ms} if stats else {})})
                 ref_ms[v.problem_id].append(v.ref_runtime_ms)
             else:
                 failures.setdefault(v.problem_id, []).append(f"repeat {r + 1}: {v.status.value}: {v.reason[:200]}")
         print(f"repeat {r + 1}/{args.repeats}: {repeat_s[-1]} s", flush=True)
 
-    rows = {pid: {"speedups": s, "ref_ms": ref_ms[pid], "spread": spread(s) if len(s) > 1 else None}
-            for pid, s in speedups.items()}
+    rows = {pid: {"speedups": s, "ref_ms": ref_ms[pid], "spread": spread(s) if len(s) > 1 else None,
+                  "timing": timings[pid]} for pid, s in speedups.items()}
     spreads = [row["spread"] for row in rows.values() if row["spread"] is not None]
     summary = {
         "backend": args.backend, "repeats": args.repeats, "clear_ref_cache": args.clear_ref_cache,

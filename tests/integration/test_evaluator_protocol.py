@@ -93,7 +93,9 @@ def test_the_runner_draws_each_calls_inputs_from_its_seed_and_must_draw_the_eval
 
 
 def test_inputs_that_a_seed_does_not_determine_go_through_the_shared_region(evaluator):
-    drifting = RELU.replace("return [torch.randn(M, N)]", "import time\n    return [torch.randn(M, N) + time.perf_counter_ns() % 7]")
+    # every draw differs from the one before it, whatever the seed (a clock's value could repeat)
+    drifting = RELU.replace("def get_inputs():\n    return [torch.randn(M, N)]",
+                            "DRAWS = [0]\n\n\ndef get_inputs():\n    DRAWS[0] += 1\n    return [torch.randn(M, N) + DRAWS[0]]")
     assert drifting != RELU
     [v] = evaluator.evaluate([EvalItem("drifting", drifting, fixture_text("cpu", "ok.py"))])
     assert v.status is Status.OK and v.extra["inputs"] == "region", v.reason
@@ -135,3 +137,32 @@ def test_a_too_good_speedup_is_retimed_and_an_honest_one_stays_ok(build_cache):
     # the recheck timed the reference again; both speedups are over the faster reference time
     assert v.ref_runtime_ms == record["second"]["ref_runtime_ms"] <= record["first"]["ref_runtime_ms"]
     assert v.speedup == pytest.approx(v.ref_runtime_ms / v.runtime_ms)
+
+
+def wrong_on(call: int) -> EvalItem:
+    return EvalItem(f"wrong_on_{call}", RELU, fixture_text("cpu", "wrong_on_call.py").replace("WRONG_CALL", str(call)))
+
+
+# 3 checks (calls 0-2), 2 warm-ups (3-4), 30 timed (5-34), the check after timing (35)
+@pytest.mark.parametrize(("call", "where"), [(0, "trial 1/3"), (2, "trial 3/3"), (4, "warm-up call 2"),
+                                             (20, "timed call 16 "), (34, "timed call 30 "),
+                                             (35, "correctness check after timing")])
+def test_a_wrong_output_on_any_single_call_is_caught_on_that_call(evaluator, call, where):
+    """While the reference checks call i the runner already stages call i+1: a wrong call i must still end the
+    run there, before call i+1 runs, including the last call (checked after the pipeline drains)."""
+    [v] = evaluator.evaluate([wrong_on(call)])
+    assert v.status is Status.INCORRECT, v.reason
+    assert where in v.reason, v.reason
+
+
+def test_calls_in_chunks_are_each_checked_once_across_chunk_boundaries(build_cache):
+    """Inputs and expected outputs in chunks of 4 calls (8 MiB per call at the cpu size): the last call of a
+    chunk is checked before the next chunk replaces the reference's trials."""
+    config = BenchConfig(backend="cpu", timed_trials=30, warmup_trials=2, correctness_trials=3, cache_dir=build_cache,
+                         rules=OPEN_RULES, recheck_speedup=1e9, chunk_bytes=32 << 20)
+    with Evaluator(config) as ev:
+        honest, last_of_first, last_of_second = ev.evaluate([item("ok"), wrong_on(3), wrong_on(7)])
+    assert honest.status is Status.OK, honest.reason
+    assert honest.extra["checked_calls"] == 3 + 2 + 30 + 1 and honest.correctness_trials == 4
+    assert last_of_first.status is Status.INCORRECT and "warm-up call 1" in last_of_first.reason, last_of_first.reason
+    assert last_of_second.status is Status.INCORRECT and "timed call 3 " in last_of_second.reason, last_of_second.reason

@@ -3,11 +3,14 @@ a fresh interpreter (exec): the same verdicts, the same descriptors, the same is
 no verdict; closing the evaluator leaves no process behind."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
+import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -78,10 +81,6 @@ def test_a_fork_server_killed_mid_session_costs_no_verdict(build_cache):
         # started again once, and forking again
         assert ev.fork_server.pid != old and ev.fork_server.describe().startswith("fork")
         assert ev.isolation().endswith("runners start by fork (from a warm fork server)")
-        # on a CUDA build, importing torch.utils.cpp_extension asks whether CUDA is available: through NVML, so the
-        # driver (and its thread) does not start in the server (tests/gpu checks the fork itself)
-        environ = Path(f"/proc/{ev.fork_server.pid}/environ").read_bytes().split(b"\0")
-        assert b"PYTORCH_NVML_BASED_CUDA_CHECK=1" in environ
 
 
 def test_closing_the_evaluator_ends_the_server_and_every_runner(build_cache):
@@ -102,3 +101,40 @@ def test_closing_the_evaluator_ends_the_server_and_every_runner(build_cache):
 def test_worker_start_is_refused_unless_fork_or_exec():
     with pytest.raises(ValueError, match="worker_start='spawn': expected 'fork' or 'exec'"):
         BenchConfig(worker_start="spawn")
+
+
+def test_the_servers_imports_never_ask_the_cuda_driver_on_a_cuda_build(tmp_path):
+    """On a CUDA build ``import torch.utils.cpp_extension`` asks ``torch.cuda.is_available()``, which starts the
+    driver and its threads (a fork then cannot use CUDA). Here torch is a CPU build, so the child makes it look
+    like a CUDA build and records every such question: the server's imports ask none, and leave the function as
+    they found it (tests/gpu checks the fork on a real GPU)."""
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys, torch
+        asked = []
+        def is_available():
+            asked.append(1)
+            return True
+        torch.cuda.is_available = is_available
+        torch.cuda._is_compiled = lambda: True
+        torch.version.cuda = "13.0"
+        from kevin_exp.bench.worker.fork_server import warm_imports
+        warm_imports(sys.argv[1])
+        import torch.utils.cpp_extension as ce
+        print(json.dumps({"asked": len(asked), "restored": torch.cuda.is_available is is_available,
+                          "cuda_home": ce.CUDA_HOME}))
+    """))
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    (tmp_path / "nvcc").write_text("#!/bin/sh\n")  # a toolkit on PATH: the case in which the module asks
+    (tmp_path / "nvcc").chmod(0o755)
+    out = subprocess.run([sys.executable, str(script), "cuda"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["cuda_home"] and seen == {"asked": 0, "restored": True, "cuda_home": seen["cuda_home"]}
+    # without the server's guard the same import asks: the probe above would see it
+    plain = script.read_text().replace("from kevin_exp.bench.worker.fork_server import warm_imports\n", "") \
+        .replace("warm_imports(sys.argv[1])\n", "")
+    script.write_text(plain)
+    out = subprocess.run([sys.executable, str(script), "cuda"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["asked"] >= 1

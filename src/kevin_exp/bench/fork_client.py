@@ -86,10 +86,6 @@ class ForkServer:
         env["PYTHONUNBUFFERED"] = "1"
         # numpy's OpenBLAS starts a thread pool at import; the server must stay single-threaded to fork
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        # importing torch.utils.cpp_extension on a CUDA build asks torch.cuda.is_available(), which starts the CUDA
-        # driver (cuInit, and a driver thread) unless the answer comes from NVML: a runner forked after cuInit could
-        # not use CUDA (seen on the H100 machines: "cuda00001400006" after that import)
-        env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "kevin_exp.bench.worker.fork_server", "--control-fd", str(theirs.fileno()),

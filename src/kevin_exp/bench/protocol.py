@@ -5,8 +5,9 @@ Schedule of calls, each on fresh inputs drawn from a secret per-evaluation seed 
 reference process: ``correctness_trials`` checked calls (allocator poisoned first), ``warmup_trials``,
 ``timed_trials`` timed calls, then one more checked call drawn after all timing. The reference process
 prepares inputs and expected outputs in chunks bounded by bytes, only while the runner is idle; the runner
-sees one trial's inputs at a time. Every call has three phases (stage, go, collect: ``_call``); the parent's own
-clock brackets only "go", the call itself, and bounds the candidate's time from below (``verdict.timing_bound``).
+sees one trial's inputs at a time. Every call has three phases (stage, go, collect: ``_Calls``), pipelined so that
+the reference checks call i while the runner stages call i+1; the parent's own clock brackets only "go", the call
+itself, and bounds the candidate's time from below (``verdict.timing_bound``).
 """
 from __future__ import annotations
 
@@ -172,50 +173,27 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
 
         per_trial = max(1, header_bytes(prepared["input"]) + header_bytes(prepared["output"]))
         chunk = max(1, config.chunk_bytes // per_trial)
-        budget = outcome.limits["trials_s"]
-        spent = 0.0
-        tolerances = {k: {"atol": v.atol, "rtol": v.rtol} for k, v in config.tolerances.items()}
+        calls = _Calls(outcome, ref, runner, layout, seeded, ref_limit, "trials", outcome.limits["trials_s"])
+        busy_before = ref.busy_s
+        checks = _TrialChecks(outcome, ref, runner, layout, config)
         try:
             for i, kind in enumerate(kinds):
                 if i % chunk == 0:
-                    ref.call({"op": "chunk", "secret": secret, "start": i, "count": min(chunk, len(kinds) - i)},
-                             ref_limit + config.hang_ceiling_s)
-                staged = ref.call({"op": "stage", "i": i, "layout": layout.to_json(), "seeded": seeded}, ref_limit)
+                    if not calls.settle(checks):  # the chunk replaces the reference's trials: none may be unchecked
+                        return outcome
+                    calls.chunk(secret, i, min(chunk, len(kinds) - i), ref_limit + config.hang_ceiling_s)
                 timed = kind == "timed"
                 checked = kind == "check"  # on these calls the runner also sends its inputs back, to be compared
-                sample = secrets.randbits(63) if timed else None  # timed calls are checked at positions drawn from it
-                t0 = time.monotonic()
-                call = _call(outcome, runner, {"op": "trial", "i": i, **_inputs(staged), "timed": timed, "poison": checked,
-                                               "return_inputs": checked}, t0 + budget - spent, "trials",
-                             staged.get("fingerprint"), sample)
-                spent += time.monotonic() - t0
-                outcome.trial = i
-                if call is None:
+                if not calls.run(i, kind, lambda staged: {"op": "trial", "i": i, **_inputs(staged), "timed": timed,
+                                                          "poison": checked, "return_inputs": checked}, checks):
                     return outcome
-                ms, took_ms, reply = call
-                if not isinstance(reply.get("outputs"), dict) or not isinstance(reply.get("after"), dict) \
-                        or (timed and not _is_time(ms)):
-                    return _violation(outcome, runner, f"the runner's report on call {i} is malformed")
-                check = ref.call({"op": "check", "i": i, "layout": layout.to_json(), "outputs": reply["outputs"],
-                                  "after": reply["after"], "inputs_back": checked, "tolerances": tolerances,
-                                  "sample": sample, "shape": reply.get("shape")}, ref_limit)
-                outcome.checked_calls += 1
-                if not check["ok"]:
-                    if check.get("malformed"):
-                        return _violation(outcome, runner, check["reason"])
-                    outcome.status = "incorrect"
-                    outcome.reason = _where(kind, i, config) + check["reason"]
-                    outcome.max_abs_diff = check.get("max_abs_diff") or 0.0
-                    return _finish(outcome, runner)
-                outcome.max_abs_diff = max(outcome.max_abs_diff, check.get("max_abs_diff") or 0.0)
-                if kind == "check":
-                    outcome.correctness_trials += 1
-                if timed:
-                    outcome.new_ms.append(float(ms))
-                    outcome.outside_ms.append(took_ms)
+            if not calls.settle(checks):
+                return outcome
             lap("trials_s")
+            outcome.phases.update({k: round(v, 4) for k, v in calls.busy.items()})
+            outcome.phases["trials_reference_busy_s"] = round(ref.busy_s - busy_before, 4)
             runner.send({"op": "end"})
-            reply = runner.recv(time.monotonic() + max(5.0, budget - spent))
+            reply = runner.recv(time.monotonic() + max(5.0, calls.budget_s - calls.spent))
             if not _answered(outcome, runner, reply, "end", "ended"):
                 return outcome
             ref.call({"op": "release"}, ref_limit)
@@ -227,24 +205,19 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
 def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, output: dict[str, Any],
                secret: int, ref_limit: float, config: BenchConfig, seeded: bool) -> bool:
     """Before any candidate code is loaded, the runner makes ``CALIBRATION_CALLS`` timed calls through exactly
-    the phases of a candidate's timed call (``_call``) with a stand-in that only fills an output of the
+    the phases of a candidate's timed call (``_Calls``) with a stand-in that only fills an output of the
     expected shape: what the parent's clock sees of a call beyond its reported time when nothing under-reports
     (``verdict.timing_bound`` subtracts it from the candidate's outside time)."""
-    ref.call({"op": "chunk", "secret": secret, "start": -CALIBRATION_CALLS, "count": CALIBRATION_CALLS}, ref_limit)
-    deadline = time.monotonic() + config.load_timeout_s
+    calls = _Calls(outcome, ref, runner, layout, seeded, ref_limit, "start", config.load_timeout_s)
+    calls.chunk(secret, -CALIBRATION_CALLS, CALIBRATION_CALLS, ref_limit)
+    record = _CalibrationRecord(outcome, runner)
     for i in range(-CALIBRATION_CALLS, 0):
-        staged = ref.call({"op": "stage", "i": i, "layout": layout.to_json(), "seeded": seeded}, ref_limit)
-        call = _call(outcome, runner, {"op": "calibrate", "i": i, **_inputs(staged), "layout": layout.to_json(),
-                                       "output": output, "guard": config.rules.runtime_block_torch_ops}, deadline, "start",
-                     staged.get("fingerprint"), secrets.randbits(63))
-        if call is None:
+        if not calls.run(i, "timed", lambda staged: {"op": "calibrate", "i": i, **_inputs(staged), "layout": layout.to_json(),
+                                                     "output": output, "guard": config.rules.runtime_block_torch_ops},
+                         record):
             return False
-        ms, took_ms, _ = call
-        if not _is_time(ms):
-            _violation(outcome, runner, "the runner's calibration report is malformed")
-            return False
-        outcome.calibration_ms.append(float(ms))
-        outcome.calibration_outside_ms.append(took_ms)
+    if not calls.settle(record):
+        return False
     ref.call({"op": "release"}, ref_limit)
     return True
 
@@ -254,39 +227,204 @@ def _inputs(staged: dict[str, Any]) -> dict[str, Any]:
     return {"seed": staged["seed"]} if "seed" in staged else {"inputs": staged["inputs"]}
 
 
-def _call(outcome: RunOutcome, runner: WorkerProcess, stage: dict[str, Any], deadline: float,
-          phase: str, drawn: list[Any] | None = None, sample: int | None = None) -> tuple[Any, float, dict[str, Any]] | None:
-    """One call in three phases: ``stage`` (inputs drawn from the call's seed or copied in, cache flushed;
-    "ready", with the drawn inputs' fingerprint, which must be ``drawn``), "go" (the call alone: the parent's
-    clock runs from sending it to the arrival of "ran", which carries the runner's own time) and "collect"
-    (outputs written out, or with ``sample`` only their values at positions drawn from it; "done"). The runner's
-    reported time, the outside time (ms) and the "done" reply; None when the run ended (``outcome`` says why)."""
-    i = stage["i"]
-    runner.send(stage)
-    reply = runner.recv(deadline)
-    if not _answered(outcome, runner, reply, phase, "ready"):
-        return None
-    if reply.get("i") != i:
-        _violation(outcome, runner, f"the runner's report on call {i} is malformed")
-        return None
-    if drawn is not None and reply.get("fingerprint") != drawn:
-        _violation(outcome, runner, f"the inputs the runner drew for call {i} differ from the evaluator's "
-                   "(was the random number generator tampered with?)")
-        return None
-    t0 = time.monotonic()
-    runner.send({"op": "go"})
-    ran = runner.recv(deadline)
-    took_ms = (runner.reply_at - t0) * 1e3
-    if not _answered(outcome, runner, ran, phase, "ran"):
-        return None
-    runner.send({"op": "collect"} if sample is None else {"op": "collect", "sample": sample})
-    done = runner.recv(deadline)
-    if not _answered(outcome, runner, done, phase, "done"):
-        return None
-    if ran.get("i") != i or done.get("i") != i:
-        _violation(outcome, runner, f"the runner's report on call {i} is malformed")
-        return None
-    return ran.get("ms"), took_ms, done
+@dataclass
+class _Ran:
+    """A call the runner has made ("ran" received) and not yet collected."""
+
+    i: int
+    kind: str  # check | warmup | timed
+    ms: Any  # the runner's own time for it
+    took_ms: float  # the parent's clock from "go" to "ran"
+    sample: int | None  # timed calls: their outputs come back only at positions drawn from this, sent at "collect"
+
+
+class _Calls:
+    """Drives the runner's calls. Every call has three phases: "trial" (inputs drawn from the call's seed or
+    copied in, cache flushed; reply "ready", with the drawn inputs' fingerprint, which must be the reference's),
+    "go" (the call alone: the parent's clock runs from sending it to the arrival of "ran", which carries the
+    runner's own time) and "collect" (outputs written out, or for timed calls only their values at positions
+    drawn from a seed sent now, after the time was reported; reply "done").
+
+    Pipelined where inputs are seeded: "collect" of call i and "trial" of call i+1 are sent together, and while
+    the runner stages call i+1 the reference process checks call i (``checks``); "go" of call i+1 is sent only
+    once that check has passed and both processes are idle, so nothing else runs on the device during a call.
+    Inputs written to the shared region (not seeded) keep every phase in turn: the reference writes the next
+    inputs where the runner is still writing the last outputs."""
+
+    def __init__(self, outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, seeded: bool,
+                 ref_limit: float, phase: str, budget_s: float) -> None:
+        self.outcome, self.ref, self.runner, self.layout = outcome, ref, runner, layout
+        self.seeded, self.ref_limit, self.phase, self.budget_s = seeded, ref_limit, phase, budget_s
+        self.spent = 0.0  # the runner's time on its calls, against ``budget_s``
+        self.staged: dict[str, dict[str, Any]] = {}
+        self.ran: _Ran | None = None
+        # where the calls' time went, as the runner reports it (a diagnostic only: nothing is decided on it)
+        self.busy = {"runner_stage_s": 0.0, "runner_collect_s": 0.0, "go_s": 0.0}
+
+    def _busy(self, key: str, reply: dict[str, Any]) -> None:
+        ms = reply.get("busy_ms")
+        if _is_time(ms):
+            self.busy[key] += ms / 1e3
+
+    def chunk(self, secret: int, start: int, count: int, limit: float) -> None:
+        """The reference draws the inputs of calls [start, start + count) and computes their expected outputs
+        (with seeded inputs, also each call's seed and fingerprint)."""
+        assert self.ran is None
+        reply = self.ref.call({"op": "chunk", "secret": secret, "start": start, "count": count, "seeded": self.seeded},
+                              limit)
+        self.staged = (reply.get("staged") or {}) if self.seeded else {}
+
+    def run(self, i: int, kind: str, make_request: Callable[[dict[str, Any]], dict[str, Any]], checks: "_Checks") -> bool:
+        """Stage and make call ``i`` (``make_request`` turns the reference's stage into the runner's request),
+        collecting and checking the call before it on the way. False when the run ended (``outcome`` says why)."""
+        if self.seeded:
+            staged = self.staged.pop(str(i))
+        else:
+            if not self.settle(checks):
+                return False
+            staged = self.ref.call({"op": "stage", "i": i, "layout": self.layout.to_json(), "seeded": False}, self.ref_limit)
+        request, drawn = make_request(staged), staged.get("fingerprint")
+        t0 = time.monotonic()
+        deadline = t0 + self.budget_s - self.spent
+        before, self.ran = self.ran, None
+        if before is not None:
+            self.runner.send(self._collect(before))
+        self.runner.send(request)
+        if before is not None:
+            self.outcome.trial = before.i
+            done = self.runner.recv(deadline)
+            if not self._collected(before, done):
+                return False
+            asked = checks.ask(before, done)
+            if asked is None:
+                return False
+            ready = self.runner.recv(deadline)
+            if asked and not checks.answer(before, asked):  # answered first: the check of call i comes before call i+1
+                return False
+        else:
+            ready = self.runner.recv(deadline)
+        self.outcome.trial = i
+        if not _answered(self.outcome, self.runner, ready, self.phase, "ready"):
+            return False
+        self._busy("runner_stage_s", ready)
+        if ready.get("i") != i:
+            return _malformed(self.outcome, self.runner, i)
+        if drawn is not None and ready.get("fingerprint") != drawn:
+            _violation(self.outcome, self.runner, f"the inputs the runner drew for call {i} differ from the evaluator's "
+                       "(was the random number generator tampered with?)")
+            return False
+        t1 = time.monotonic()
+        self.runner.send({"op": "go"})
+        ran = self.runner.recv(deadline)
+        took_ms = (self.runner.reply_at - t1) * 1e3
+        if not _answered(self.outcome, self.runner, ran, self.phase, "ran"):
+            return False
+        if ran.get("i") != i:
+            return _malformed(self.outcome, self.runner, i)
+        self.busy["go_s"] += took_ms / 1e3
+        self.ran = _Ran(i, kind, ran.get("ms"), took_ms, secrets.randbits(63) if kind == "timed" else None)
+        self.spent += time.monotonic() - t0
+        return True
+
+    def settle(self, checks: "_Checks") -> bool:
+        """Collect and check the last call made, on its own (before a new chunk, and at the end)."""
+        before, self.ran = self.ran, None
+        if before is None:
+            return True
+        t0 = time.monotonic()
+        self.outcome.trial = before.i
+        self.runner.send(self._collect(before))
+        done = self.runner.recv(t0 + self.budget_s - self.spent)
+        self.spent += time.monotonic() - t0
+        if not self._collected(before, done):
+            return False
+        asked = checks.ask(before, done)
+        return asked is not None and (not asked or checks.answer(before, asked))
+
+    def _collect(self, ran: _Ran) -> dict[str, Any]:
+        return {"op": "collect"} if ran.sample is None else {"op": "collect", "sample": ran.sample}
+
+    def _collected(self, ran: _Ran, done: dict[str, Any] | Ended) -> bool:
+        if not _answered(self.outcome, self.runner, done, self.phase, "done"):
+            return False
+        self._busy("runner_collect_s", done)
+        return done.get("i") == ran.i or _malformed(self.outcome, self.runner, ran.i)
+
+
+class _Checks:
+    """What happens to a collected call: ``ask`` sends the reference process its check (returns the request;
+    an empty one when nothing is asked; None when the run ended), ``answer`` takes the reply."""
+
+    def ask(self, ran: _Ran, done: dict[str, Any]) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def answer(self, ran: _Ran, asked: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+
+class _TrialChecks(_Checks):
+    """Every call of a run is checked by the reference process against its own output for the same inputs: the
+    whole output (and the inputs as the call left them) on correctness calls, sampled positions on the others."""
+
+    def __init__(self, outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout,
+                 config: BenchConfig) -> None:
+        self.outcome, self.ref, self.runner, self.layout, self.config = outcome, ref, runner, layout, config
+        self.tolerances = {k: {"atol": v.atol, "rtol": v.rtol} for k, v in config.tolerances.items()}
+
+    def ask(self, ran: _Ran, done: dict[str, Any]) -> dict[str, Any] | None:
+        if not isinstance(done.get("outputs"), dict) or not isinstance(done.get("after"), dict) \
+                or (ran.kind == "timed" and not _is_time(ran.ms)):
+            _violation(self.outcome, self.runner, f"the runner's report on call {ran.i} is malformed")
+            return None
+        request = {"op": "check", "i": ran.i, "layout": self.layout.to_json(), "outputs": done["outputs"],
+                   "after": done["after"], "inputs_back": ran.kind == "check", "tolerances": self.tolerances,
+                   "sample": ran.sample, "shape": done.get("shape")}
+        self.ref.ask(request)
+        return request
+
+    def answer(self, ran: _Ran, asked: dict[str, Any]) -> bool:
+        check = self.ref.answer(asked, self.config.hang_ceiling_s + REFERENCE_SLACK_S)
+        outcome = self.outcome
+        outcome.checked_calls += 1
+        if not check["ok"]:
+            if check.get("malformed"):
+                _violation(outcome, self.runner, check["reason"])
+                return False
+            outcome.status = "incorrect"
+            outcome.reason = _where(ran.kind, ran.i, self.config) + check["reason"]
+            outcome.max_abs_diff = check.get("max_abs_diff") or 0.0
+            _finish(outcome, self.runner)
+            return False
+        outcome.max_abs_diff = max(outcome.max_abs_diff, check.get("max_abs_diff") or 0.0)
+        if ran.kind == "check":
+            outcome.correctness_trials += 1
+        if ran.kind == "timed":
+            outcome.new_ms.append(float(ran.ms))
+            outcome.outside_ms.append(ran.took_ms)
+        return True
+
+
+class _CalibrationRecord(_Checks):
+    """Calibration calls are not checked (the stand-in's output is zeros): their times are recorded."""
+
+    def __init__(self, outcome: RunOutcome, runner: WorkerProcess) -> None:
+        self.outcome, self.runner = outcome, runner
+
+    def ask(self, ran: _Ran, done: dict[str, Any]) -> dict[str, Any] | None:
+        if not _is_time(ran.ms):
+            _violation(self.outcome, self.runner, "the runner's calibration report is malformed")
+            return None
+        self.outcome.calibration_ms.append(float(ran.ms))
+        self.outcome.calibration_outside_ms.append(ran.took_ms)
+        return {}
+
+    def answer(self, ran: _Ran, asked: dict[str, Any]) -> bool:
+        return True
+
+
+def _malformed(outcome: RunOutcome, runner: WorkerProcess, i: int) -> bool:
+    _violation(outcome, runner, f"the runner's report on call {i} is malformed")
+    return False
 
 
 def _is_time(ms: Any) -> bool:

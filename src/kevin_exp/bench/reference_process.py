@@ -42,8 +42,15 @@ class ReferenceProcess(ChildProcess):
             cmd += ["--threads", str(threads)]
         super().__init__(cmd, env, write_fd, read_fd, (exchange_fd,), 1 << 50, max_output_bytes, cwd=self.private_dir)
         self._ready = False
+        self.busy_s = 0.0  # seconds the process reported working on requests (``answer``)
 
     def call(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self.ask(request)
+        return self.answer(request, timeout_s)
+
+    def ask(self, request: dict[str, Any]) -> None:
+        """Send a request without waiting for its reply (``answer`` takes it): the parent can meanwhile drive
+        the runner. Every request asked is answered before the next is asked."""
         if not self._ready:
             first = self.recv(time.monotonic() + START_TIMEOUT_S)
             if isinstance(first, Ended) or first.get("op") != "ready":
@@ -51,12 +58,15 @@ class ReferenceProcess(ChildProcess):
             self._ready = True
         if not self.send(request):
             raise ReferenceFailed("the reference process is gone", self.output_tail())
+
+    def answer(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         reply = self.recv(time.monotonic() + timeout_s)
         if isinstance(reply, Ended):
             raise ReferenceFailed(f"the reference process failed during {request.get('op')!r} ({self._why(reply)})",
                                   self.output_tail())
         if reply.get("op") == "error":
             raise ReferenceFailed(f"the reference program failed: {reply.get('reason', '')}", reply.get("detail", ""))
+        self.busy_s += float(reply.get("s") or 0.0)
         return reply
 
     def _why(self, ended: Any) -> str:

@@ -120,15 +120,23 @@ class Server:
         return {"op": "timed", "ms": samples}
 
     def op_chunk(self, r: dict[str, Any]) -> dict[str, Any]:
-        """Inputs and expected outputs of trials [start, start + count), drawn from the secret seed."""
+        """Inputs and expected outputs of trials [start, start + count), drawn from the secret seed. With
+        ``seeded``, also each trial's stage for the runner (``op_stage``), so no call needs its own request."""
         self.secret = int(r["secret"])
         self.trials = {}
         with torch.no_grad():
             for i in range(int(r["start"]), int(r["start"]) + int(r["count"])):
                 inputs = self.problem.inputs(trial_seed(self.secret, i))
                 self.trials[i] = (inputs, self.problem.model(*clone_values(inputs)))
+        reply: dict[str, Any] = {"op": "chunked"}
+        if r.get("seeded"):
+            reply["staged"] = {str(i): self._seeded_stage(i) for i in self.trials}
         synchronize(self.device)
-        return {"op": "chunked"}
+        return reply
+
+    def _seeded_stage(self, i: int) -> dict[str, Any]:
+        inputs, _ = self.trials[i]
+        return {"seed": trial_seed(self.secret, i), "fingerprint": fingerprint(list(inputs))}
 
     def op_stage(self, r: dict[str, Any]) -> dict[str, Any]:
         """One call's inputs for the runner: with ``seeded``, that call's seed and the inputs' fingerprint (the
@@ -136,13 +144,20 @@ class Server:
         i = int(r["i"])
         inputs, _ = self.trials[i]
         if r.get("seeded"):
-            return {"op": "staged", "seed": trial_seed(self.secret, i), "fingerprint": fingerprint(list(inputs))}
+            return {"op": "staged", **self._seeded_stage(i)}
         layout = Layout.from_json(r["layout"])
         header, _ = write_values(list(inputs), self.region.mapped(layout.size), layout.inputs_at, layout.outputs_at)
         synchronize(self.device)
         return {"op": "staged", "inputs": header}
 
     def op_check(self, r: dict[str, Any]) -> dict[str, Any]:
+        # the parent may start the runner's next call as soon as this replies: no work of it may still run then
+        try:
+            return self._check(r)
+        finally:
+            synchronize(self.device)
+
+    def _check(self, r: dict[str, Any]) -> dict[str, Any]:
         layout = Layout.from_json(r["layout"])
         inputs, expected = self.trials.pop(int(r["i"]))
         try:

@@ -23,6 +23,7 @@ killed with its process group and the server exits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import importlib
 import json
@@ -35,6 +36,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Iterator
 
 MAX_MESSAGE = 1 << 16
 MAX_FDS = 16
@@ -55,10 +57,29 @@ def warm_imports(backend: str) -> str | None:
     Returns the first module after whose import the process had more than one thread (None: none had)."""
     first_threaded = None
     for name in WARM_IMPORTS + (CUDA_IMPORTS if backend == "cuda" else ()):
-        importlib.import_module(name)
+        with _no_driver_probe(name):
+            importlib.import_module(name)
         if first_threaded is None and thread_count() > 1:
             first_threaded = name
     return first_threaded
+
+
+@contextlib.contextmanager
+def _no_driver_probe(module: str) -> Iterator[None]:
+    """On a CUDA build, ``torch.utils.cpp_extension`` asks ``torch.cuda.is_available()`` when it loads, only to warn
+    when a toolkit has no runtime; asking starts the CUDA driver (``cuInit``) and its threads, after which no fork
+    can use CUDA (seen on the H100 machines, with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` too). While that module loads
+    the question is answered without the driver; each runner starts CUDA itself."""
+    torch = sys.modules.get("torch")
+    if module != "torch.utils.cpp_extension" or torch is None or module in sys.modules:
+        yield
+        return
+    asked = torch.cuda.is_available
+    torch.cuda.is_available = lambda: True
+    try:
+        yield
+    finally:
+        torch.cuda.is_available = asked
 
 
 def thread_count() -> int:

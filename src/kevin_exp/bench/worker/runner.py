@@ -28,12 +28,15 @@ from kevin_exp.bench.worker.timing import CacheFlusher, Timer
 
 def serve(requests: IO[bytes], replies: IO[str], exchange_fd: int, backend: str) -> None:
     def reply(message: dict[str, Any]) -> None:
+        if message.get("op") in ("ready", "done"):  # how long the phase took here (the parent sums it, as a diagnostic)
+            message["busy_ms"] = round((time.perf_counter() - started) * 1e3, 3)
         replies.write(json.dumps(message) + "\n")
         replies.flush()
 
     harness = Harness(Region(exchange_fd, pin=backend == "cuda"), backend)
     runner: Runner | None = None
     for line in requests:
+        started = time.perf_counter()
         request = json.loads(line)
         op = request.get("op")
         try:
