@@ -70,6 +70,8 @@ if has train; then
 fi
 if has mfu; then  # training throughput of a 3B Qwen2.5-shaped model under ZeRO-3 (one rank)
   timeout ${LIMIT_MFU:-540} $py benchmarks/train_mfu.py --out "$out/mfu" ${MFU_ARGS:-} 2>&1 | tee "$out/mfu.txt"
+  # one file: a call brings back only a few files, and the profile is the one that matters most
+  tar czf "$out/mfu.tgz" -C "$out" mfu && rm -rf "$out/mfu"
 fi
 if has generation; then  # the transformers rollout: new tokens/s before and after batching and compile
   timeout ${LIMIT_GENERATION:-540} $py benchmarks/generation_speed.py ${KEVIN_EXP_TOKENIZER:+--tokenizer "$KEVIN_EXP_TOKENIZER"} \
