@@ -210,7 +210,7 @@ def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess
     (``verdict.timing_bound`` subtracts it from the candidate's outside time)."""
     calls = _Calls(outcome, ref, runner, layout, seeded, ref_limit, "start", config.load_timeout_s)
     calls.chunk(secret, -CALIBRATION_CALLS, CALIBRATION_CALLS, ref_limit)
-    record = _CalibrationRecord(outcome, runner)
+    record = _CalibrationRecord(outcome, ref, runner, layout, config)
     for i in range(-CALIBRATION_CALLS, 0):
         if not calls.run(i, "timed", lambda staged: {"op": "calibrate", "i": i, **_inputs(staged), "layout": layout.to_json(),
                                                      "output": output, "guard": config.rules.runtime_block_torch_ops},
@@ -218,6 +218,7 @@ def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess
             return False
     if not calls.settle(record):
         return False
+    outcome.phases.update({f"calibrate_{k}": round(v, 4) for k, v in calls.busy.items()})
     ref.call({"op": "release"}, ref_limit)
     return True
 
@@ -259,7 +260,7 @@ class _Calls:
         self.staged: dict[str, dict[str, Any]] = {}
         self.ran: _Ran | None = None
         # where the calls' time went, as the runner reports it (a diagnostic only: nothing is decided on it)
-        self.busy = {"runner_stage_s": 0.0, "runner_collect_s": 0.0, "go_s": 0.0}
+        self.busy = {"runner_stage_s": 0.0, "runner_collect_s": 0.0, "go_s": 0.0, "idle_before_go_s": 0.0}
 
     def _busy(self, key: str, reply: dict[str, Any]) -> None:
         ms = reply.get("busy_ms")
@@ -307,6 +308,7 @@ class _Calls:
         if not _answered(self.outcome, self.runner, ready, self.phase, "ready"):
             return False
         self._busy("runner_stage_s", ready)
+        ready_at = self.runner.reply_at
         if ready.get("i") != i:
             return _malformed(self.outcome, self.runner, i)
         if drawn is not None and ready.get("fingerprint") != drawn:
@@ -314,6 +316,9 @@ class _Calls:
                        "(was the random number generator tampered with?)")
             return False
         t1 = time.monotonic()
+        # how long the staged runner sat idle before "go" (here: the reference's check of the call before), a
+        # diagnostic for the outside clock: a process woken from a longer sleep answers later
+        self.busy["idle_before_go_s"] += max(0.0, t1 - ready_at)
         self.runner.send({"op": "go"})
         ran = self.runner.recv(deadline)
         took_ms = (self.runner.reply_at - t1) * 1e3
@@ -405,10 +410,15 @@ class _TrialChecks(_Checks):
 
 
 class _CalibrationRecord(_Checks):
-    """Calibration calls are not checked (the stand-in's output is zeros): their times are recorded."""
+    """Calibration calls record their times. The reference process checks them as it checks a candidate's timed
+    calls, and the verdict is dropped (the stand-in's output is zeros): so the runner waits for "go" as long as
+    it will on the candidate's calls (a process woken from a longer wait answers later, which the parent's
+    clock would otherwise count against the candidate)."""
 
-    def __init__(self, outcome: RunOutcome, runner: WorkerProcess) -> None:
+    def __init__(self, outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout,
+                 config: BenchConfig) -> None:
         self.outcome, self.runner = outcome, runner
+        self.checks = _TrialChecks(outcome, ref, runner, layout, config)
 
     def ask(self, ran: _Ran, done: dict[str, Any]) -> dict[str, Any] | None:
         if not _is_time(ran.ms):
@@ -416,9 +426,12 @@ class _CalibrationRecord(_Checks):
             return None
         self.outcome.calibration_ms.append(float(ran.ms))
         self.outcome.calibration_outside_ms.append(ran.took_ms)
-        return {}
+        if not isinstance(done.get("outputs"), dict) or not isinstance(done.get("after"), dict):
+            return {}
+        return self.checks.ask(ran, done)
 
     def answer(self, ran: _Ran, asked: dict[str, Any]) -> bool:
+        self.checks.ref.answer(asked, self.checks.config.hang_ceiling_s + REFERENCE_SLACK_S)
         return True
 
 
