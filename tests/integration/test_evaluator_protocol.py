@@ -32,8 +32,8 @@ def test_patching_torch_at_import_does_not_slow_the_reference(evaluator):
     assert honest.status is Status.OK, honest.reason
     assert patched.status is Status.OK, patched.reason
     assert patched.ref_runtime_ms == honest.ref_runtime_ms  # one measurement, in the trusted process
-    ratio = patched.speedup / honest.speedup
-    assert 1 / 1.5 < ratio < 1.5, (patched.speedup, honest.speedup)
+    # the attack gains nothing; slower is its own process paying for its patches (and noise on a 2-core box)
+    assert patched.speedup < 1.5 * honest.speedup, (patched.speedup, honest.speedup)
 
 
 def test_a_kernel_that_caches_outputs_by_content_is_incorrect(evaluator):
