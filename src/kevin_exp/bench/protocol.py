@@ -249,8 +249,8 @@ class _Calls:
     Pipelined where inputs are seeded: "collect" of call i and "trial" of call i+1 are sent together, and while
     the runner stages call i+1 the reference process checks call i (``checks``); "go" of call i+1 is sent only
     once that check has passed and both processes are idle, so nothing else runs on the device during a call.
-    Inputs written to the shared region (not seeded) keep every phase in turn: the reference writes the next
-    inputs where the runner is still writing the last outputs."""
+    Inputs written to the shared region (not seeded) keep every phase in turn: the reference must write call
+    i+1's inputs before the runner can stage it, so the check of call i comes first and nothing overlaps."""
 
     def __init__(self, outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, seeded: bool,
                  ref_limit: float, phase: str, budget_s: float) -> None:
