@@ -83,7 +83,7 @@ def default_grid() -> list[dict]:
 def name_of(c: dict) -> str:
     ck = c["checkpoint_layers"]
     return (f"mb{c['micro_batch']}_{f'ckpt{ck:g}' if ck > 0 else 'nockpt'}_offload-{c['offload']}"
-            f"{'_persist' if c['persist'] else ''}{'_zero2' if c.get('stage', 3) == 2 else ''}")
+            f"{'_persist' if c['persist'] else ''}{'_zero2' if c['stage'] == 2 else ''}")
 
 
 # ---------------------------------------------------------------------------------------------- one configuration
@@ -139,7 +139,7 @@ def run_one(c: dict, args: argparse.Namespace) -> dict:
     seq, prompt_len = args.seq, args.prompt
     resp_len = seq - prompt_len
     mb = c["micro_batch"]
-    trainer = TrainerConfig(backend="deepspeed", zero_stage=c.get("stage", 3), offload_optimizer=c["offload"],
+    trainer = TrainerConfig(backend="deepspeed", zero_stage=c["stage"], offload_optimizer=c["offload"],
                             bf16=not smoke, lr=1e-6,
                             grad_clip=1.0, micro_batch_tokens=mb * seq, logprob_chunk_tokens=args.chunk_tokens,
                             activation_checkpointing=c["checkpoint_layers"] > 0,

@@ -283,7 +283,7 @@ class _Calls:
         else:
             if not self.settle(checks):
                 return False
-            staged = self.ref.call({"op": "stage", "i": i, "layout": self.layout.to_json(), "seeded": False}, self.ref_limit)
+            staged = self.ref.call({"op": "stage", "i": i, "layout": self.layout.to_json()}, self.ref_limit)
         request, drawn = make_request(staged), staged.get("fingerprint")
         t0 = time.monotonic()
         deadline = t0 + self.budget_s - self.spent

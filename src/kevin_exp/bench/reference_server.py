@@ -121,7 +121,7 @@ class Server:
 
     def op_chunk(self, r: dict[str, Any]) -> dict[str, Any]:
         """Inputs and expected outputs of trials [start, start + count), drawn from the secret seed. With
-        ``seeded``, also each trial's stage for the runner (``op_stage``), so no call needs its own request."""
+        ``seeded``, also each trial's seed and input fingerprint for the runner, so no call needs its own request."""
         self.secret = int(r["secret"])
         self.trials = {}
         with torch.no_grad():
@@ -129,22 +129,16 @@ class Server:
                 inputs = self.problem.inputs(trial_seed(self.secret, i))
                 self.trials[i] = (inputs, self.problem.model(*clone_values(inputs)))
         reply: dict[str, Any] = {"op": "chunked"}
-        if r.get("seeded"):
-            reply["staged"] = {str(i): self._seeded_stage(i) for i in self.trials}
+        if r.get("seeded"):  # the runner draws each call's inputs from its seed; the fingerprint must match
+            reply["staged"] = {str(i): {"seed": trial_seed(self.secret, i), "fingerprint": fingerprint(list(inputs))}
+                               for i, (inputs, _) in self.trials.items()}
         synchronize(self.device)
         return reply
 
-    def _seeded_stage(self, i: int) -> dict[str, Any]:
-        inputs, _ = self.trials[i]
-        return {"seed": trial_seed(self.secret, i), "fingerprint": fingerprint(list(inputs))}
-
     def op_stage(self, r: dict[str, Any]) -> dict[str, Any]:
-        """One call's inputs for the runner: with ``seeded``, that call's seed and the inputs' fingerprint (the
-        runner draws them on its own device); else the inputs themselves, written to the region."""
-        i = int(r["i"])
-        inputs, _ = self.trials[i]
-        if r.get("seeded"):
-            return {"op": "staged", **self._seeded_stage(i)}
+        """One call's inputs for the runner, written to the region (inputs a seed does not determine; seeded ones
+        are staged by ``op_chunk``)."""
+        inputs, _ = self.trials[int(r["i"])]
         layout = Layout.from_json(r["layout"])
         header, _ = write_values(list(inputs), self.region.mapped(layout.size), layout.inputs_at, layout.outputs_at)
         synchronize(self.device)
