@@ -6,8 +6,8 @@ Candidates are the built-in suite's reference solutions, each made distinct by a
 nothing is served from the compile cache. Each run uses a fresh cache directory, so the one-time
 precompiled-header build is included in the fast path's wall time and reported separately. With
 ``--torch-n`` the same is measured for torch's default ``load_inline`` build path. "worker wait" is the
-part of a run stage spent waiting for a standby worker to finish starting (run stage minus the worker's
-own timed phases): when it dominates, worker start-up bounds throughput, not compiles or the GPU.
+part of a run stage spent waiting for a standby worker to finish starting (the phase ``runner_ready_s``): when
+it dominates, worker start-up bounds throughput, not compiles or the GPU.
 """
 from __future__ import annotations
 
@@ -36,8 +36,7 @@ def distinct_items(backend: str, n: int, tag: str) -> list[EvalItem]:
 
 
 def worker_wait_s(v: Verdict) -> float:
-    phases = v.extra.get("phases") or {}
-    return max(0.0, v.run_s - sum(phases.values())) if phases else v.run_s
+    return float((v.extra.get("phases") or {}).get("runner_ready_s", 0.0))
 
 
 def median_phases(verdicts: list[Verdict]) -> dict[str, float]:

@@ -46,12 +46,26 @@ def test_ok_carries_the_speedup_timings_limit_and_the_run_record():
     assert v.speedup == pytest.approx(2.0) and not v.excessive_speedup
     assert (v.runtime_ms, v.ref_runtime_ms, v.outside_runtime_ms) == (2.0, 4.0, 2.5)
     assert v.runtime_stats == TimingStats.from_samples([2.0] * 3) and v.ref_runtime_stats.median_ms == 4.0
-    assert v.reason == "correct; speedup 2x over PyTorch eager (4 ms -> 2 ms)" == v.feedback
+    assert v.reason == "correct; speedup 2x over PyTorch eager (4 ms -> 2 ms, min of 3 timed calls)" == v.feedback
     assert (v.correctness_trials, v.max_abs_diff, v.atol, v.rtol) == (5, 1e-6, 1e-2, 1e-2)
     assert v.time_limit_s == 12.5 and v.extra["limits"] == LIMITS and v.extra["phases"] == {"load_s": 0.1}
     assert (v.problem_id, v.device, v.backend, v.isolation) == ("p1", "cpu: test", "cpu", ISOLATION)
     assert (v.compile_s, v.run_s, v.cache_hit) == (2.5, 1.25, True)
     assert Verdict.from_json(v.to_json()) == v
+
+
+@pytest.mark.parametrize("statistic, speedup", [("min", 3.0 / 1.5), ("median", 5.0 / 2.0)])
+def test_the_speedup_takes_one_statistic_from_both_the_candidates_and_the_references_calls(statistic, speedup):
+    o = outcome(new_ms=[2.0, 1.5, 2.5], ref_ms=[5.0, 3.0, 6.0], outside_ms=[2.5, 2.0, 3.0])
+    v = judge(o, BenchConfig(timing_statistic=statistic))
+    assert v.status is Status.OK and v.speedup == pytest.approx(speedup)
+    assert v.extra["timing"]["statistic"] == statistic and f"{statistic} of 3 timed calls" in v.reason
+    assert v.runtime_stats.min_ms == 1.5 and v.runtime_stats.median_ms == 2.0  # both kept whichever is used
+
+
+def test_an_unknown_timing_statistic_is_refused():
+    with pytest.raises(ValueError, match="timing_statistic='mean'"):
+        BenchConfig(timing_statistic="mean")
 
 
 @pytest.mark.parametrize("ref_ms, new_ms, flagged", [(10.0, 1.0, False), (10.5, 1.0, True), (1.0, 0.0, True)])
@@ -214,13 +228,14 @@ def test_a_run_flagged_for_hidden_time_is_measured_again_and_suspect_only_when_f
 def test_the_time_used_is_the_reported_one_or_the_outside_bound_whichever_is_longer():
     from kevin_exp.bench.verdict import timing_bound
 
-    config = BenchConfig(hidden_time_slack_ms=0.05, hidden_time_suspect_ms=5.0)  # the gap alone is not suspect here
+    # the gap alone is not suspect here; the median of the reported times is the figure
+    config = BenchConfig(hidden_time_slack_ms=0.05, hidden_time_suspect_ms=5.0, timing_statistic="median")
     calibration = dict(calibration_ms=[0.1, 0.1, 0.1], calibration_outside_ms=[2.1, 2.3, 6.0])  # path: 2 ms at least
     # under-reported: 1 ms reported, but the parent's clock saw at least 5 ms, 2 ms of it the path: >= 2.95 ms
     lying = judge(outcome(new_ms=[1.0, 1.0, 1.0], ref_ms=[8.0] * 3, outside_ms=[5.2, 5.0, 7.0], **calibration), config)
     assert lying.status is Status.OK and lying.runtime_ms == pytest.approx(2.95)
     assert lying.speedup == pytest.approx(8.0 / 2.95) and lying.runtime_stats.median_ms == 1.0
-    assert lying.extra["timing"] == {"reported_ms": 1.0, "outside_ms": 5.2, "calibration_overhead_ms": 2.0,
+    assert lying.extra["timing"] == {"statistic": "median", "reported_ms": 1.0, "outside_ms": 5.2, "calibration_overhead_ms": 2.0,
                                      "outside_bound_ms": 2.95, "used_ms": 2.95, "slack_ms": 0.05, "used": "outside_bound"}
     assert "outside clock" in lying.reason
     # honest, outside clock disturbed on most calls: the least outside time is the quiet one, the reported time stands

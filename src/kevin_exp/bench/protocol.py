@@ -139,7 +139,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
     ready = runner.wait_ready(START_TIMEOUT_S)
     if not _answered(outcome, runner, ready, "start", "ready"):
         return outcome
-    clock[0] = time.monotonic()  # waiting for a standby runner to finish starting is no phase of this run
+    lap("runner_ready_s")  # waiting for a standby runner to finish starting
     with device_quiet() as waited:
         if waited:
             outcome.phases["device_quiet_wait_s"] = round(waited, 4)
@@ -181,7 +181,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
                 if i % chunk == 0:
                     if not calls.settle(checks):  # the chunk replaces the reference's trials: none may be unchecked
                         return outcome
-                    calls.chunk(secret, i, min(chunk, len(kinds) - i), ref_limit + config.hang_ceiling_s)
+                    calls.chunk(secret, i, kinds[i:i + chunk], ref_limit + config.hang_ceiling_s)
                 timed = kind == "timed"
                 checked = kind == "check"  # on these calls the runner also sends its inputs back, to be compared
                 if not calls.run(i, kind, lambda staged: {"op": "trial", "i": i, **_inputs(staged), "timed": timed,
@@ -197,6 +197,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
             if not _answered(outcome, runner, reply, "end", "ended"):
                 return outcome
             ref.call({"op": "release"}, ref_limit)
+            lap("end_s")
         except ReferenceFailed as exc:
             return _reference_failed(outcome, exc)
         return _finish(outcome, runner)
@@ -209,7 +210,7 @@ def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess
     expected shape: what the parent's clock sees of a call beyond its reported time when nothing under-reports
     (``verdict.timing_bound`` subtracts it from the candidate's outside time)."""
     calls = _Calls(outcome, ref, runner, layout, seeded, ref_limit, "start", config.load_timeout_s)
-    calls.chunk(secret, -CALIBRATION_CALLS, CALIBRATION_CALLS, ref_limit)
+    calls.chunk(secret, -CALIBRATION_CALLS, ["timed"] * CALIBRATION_CALLS, ref_limit)
     record = _CalibrationRecord(outcome, ref, runner, layout, config)
     for i in range(-CALIBRATION_CALLS, 0):
         if not calls.run(i, "timed", lambda staged: {"op": "calibrate", "i": i, **_inputs(staged), "layout": layout.to_json(),
@@ -247,9 +248,10 @@ class _Calls:
     drawn from a seed sent now, after the time was reported; reply "done").
 
     Pipelined where inputs are seeded: "collect" of call i and "trial" of call i+1 are sent together, and while
-    the runner stages call i+1 the reference process checks call i (``checks``); "go" of call i+1 is sent only
-    once that check has passed and both processes are idle, so nothing else runs on the device during a call.
-    Inputs written to the shared region (not seeded) keep every phase in turn: the reference must write call
+    the runner stages call i+1 the reference process checks call i (``checks``). A check that uses the device
+    (a checked or warm-up call's whole output) is answered before "go" of call i+1, so nothing else runs on the
+    device during a call; a timed call's sampled check runs on the host alone and is answered once call i+1 has
+    run (before "collect" of call i+1 rewrites the region it reads), so it costs the calls nothing. Inputs written to the shared region (not seeded) keep every phase in turn: the reference must write call
     i+1's inputs before the runner can stage it, so the check of call i comes first and nothing overlaps."""
 
     def __init__(self, outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, seeded: bool,
@@ -258,6 +260,7 @@ class _Calls:
         self.seeded, self.ref_limit, self.phase, self.budget_s = seeded, ref_limit, phase, budget_s
         self.spent = 0.0  # the runner's time on its calls, against ``budget_s``
         self.staged: dict[str, dict[str, Any]] = {}
+        self.samples: dict[int, int] = {}  # timed calls' sample seeds, drawn with their chunk
         self.ran: _Ran | None = None
         # where the calls' time went, as the runner reports it (a diagnostic only: nothing is decided on it)
         self.busy = {"runner_stage_s": 0.0, "runner_collect_s": 0.0, "go_s": 0.0, "idle_before_go_s": 0.0}
@@ -267,12 +270,15 @@ class _Calls:
         if _is_time(ms):
             self.busy[key] += ms / 1e3
 
-    def chunk(self, secret: int, start: int, count: int, limit: float) -> None:
-        """The reference draws the inputs of calls [start, start + count) and computes their expected outputs
-        (with seeded inputs, also each call's seed and fingerprint)."""
+    def chunk(self, secret: int, start: int, kinds: list[str], limit: float) -> None:
+        """The reference draws the inputs of calls [start, start + len(kinds)) and computes their expected outputs
+        (with seeded inputs, also each call's seed and fingerprint). A timed call's output is checked at positions
+        drawn from a seed drawn now: the reference keeps only the expected values there, and the runner learns the
+        seed when it is asked for them, after the call has reported its time."""
         assert self.ran is None
-        reply = self.ref.call({"op": "chunk", "secret": secret, "start": start, "count": count, "seeded": self.seeded},
-                              limit)
+        self.samples = {start + k: secrets.randbits(63) for k, kind in enumerate(kinds) if kind == "timed"}
+        reply = self.ref.call({"op": "chunk", "secret": secret, "start": start, "count": len(kinds), "seeded": self.seeded,
+                               "samples": {str(i): seed for i, seed in self.samples.items()}}, limit)
         self.staged = (reply.get("staged") or {}) if self.seeded else {}
 
     def run(self, i: int, kind: str, make_request: Callable[[dict[str, Any]], dict[str, Any]], checks: "_Checks") -> bool:
@@ -288,6 +294,7 @@ class _Calls:
         t0 = time.monotonic()
         deadline = t0 + self.budget_s - self.spent
         before, self.ran = self.ran, None
+        deferred: dict[str, Any] = {}  # a sampled check of the call before, answered once this call has run
         if before is not None:
             self.runner.send(self._collect(before))
         self.runner.send(request)
@@ -300,36 +307,52 @@ class _Calls:
             if asked is None:
                 return False
             ready = self.runner.recv(deadline)
-            if asked and not checks.answer(before, asked):  # answered first: the check of call i comes before call i+1
+            if asked and before.sample is not None:
+                deferred = asked  # host work only: the reference checks call i while the runner makes call i+1
+            elif asked and not checks.answer(before, asked):  # device work: the check comes before call i+1
                 return False
         else:
             ready = self.runner.recv(deadline)
+        went = self._go(i, ready, drawn, deadline)
+        # answered whatever the runner did (a wrong output on the call before is what the run ended on); the
+        # runner's region is rewritten only by the next "collect", sent after this
+        if not self._answer(checks, before, deferred) or went is None:
+            return False
+        self.ran = _Ran(i, kind, went[0], went[1], self.samples.pop(i) if kind == "timed" else None)
+        self.spent += time.monotonic() - t0
+        return True
+
+    def _go(self, i: int, ready: dict[str, Any] | Ended, drawn: Any, deadline: float) -> tuple[Any, float] | None:
+        """Call ``i``, staged (``ready``): "go", and the runner's own time with the parent's, from "go" to "ran"
+        (None when the run ended: ``outcome`` says why)."""
         self.outcome.trial = i
         if not _answered(self.outcome, self.runner, ready, self.phase, "ready"):
-            return False
+            return None
         self._busy("runner_stage_s", ready)
         ready_at = self.runner.reply_at
         if ready.get("i") != i:
-            return _malformed(self.outcome, self.runner, i)
+            return _malformed(self.outcome, self.runner, i) or None
         if drawn is not None and ready.get("fingerprint") != drawn:
             _violation(self.outcome, self.runner, f"the inputs the runner drew for call {i} differ from the evaluator's "
                        "(was the random number generator tampered with?)")
-            return False
+            return None
         t1 = time.monotonic()
-        # how long the staged runner sat idle before "go" (here: the reference's check of the call before), a
-        # diagnostic for the outside clock: a process woken from a longer sleep answers later
+        # how long the staged runner sat idle before "go", a diagnostic for the outside clock: a process woken
+        # from a longer sleep answers later
         self.busy["idle_before_go_s"] += max(0.0, t1 - ready_at)
         self.runner.send({"op": "go"})
         ran = self.runner.recv(deadline)
         took_ms = (self.runner.reply_at - t1) * 1e3
         if not _answered(self.outcome, self.runner, ran, self.phase, "ran"):
-            return False
+            return None
         if ran.get("i") != i:
-            return _malformed(self.outcome, self.runner, i)
+            return _malformed(self.outcome, self.runner, i) or None
         self.busy["go_s"] += took_ms / 1e3
-        self.ran = _Ran(i, kind, ran.get("ms"), took_ms, secrets.randbits(63) if kind == "timed" else None)
-        self.spent += time.monotonic() - t0
-        return True
+        return ran.get("ms"), took_ms
+
+    def _answer(self, checks: "_Checks", ran: _Ran | None, asked: dict[str, Any]) -> bool:
+        """Take the reply to a deferred check (every request to the reference is answered, whatever the runner did)."""
+        return not asked or ran is None or checks.answer(ran, asked)
 
     def settle(self, checks: "_Checks") -> bool:
         """Collect and check the last call made, on its own (before a new chunk, and at the end)."""

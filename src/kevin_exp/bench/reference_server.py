@@ -24,7 +24,7 @@ import torch
 
 from kevin_exp.bench.config import Tolerance
 from kevin_exp.bench.exchange import HeaderError, Layout, Region, describe, mismatch, read_values, validate, write_values
-from kevin_exp.bench.sampling import fingerprint, leaves, positions
+from kevin_exp.bench.sampling import fingerprint_lazy, resolve_fingerprint, sampled
 from kevin_exp.bench.worker.comparison import Comparison, compare_outputs, same_values
 from kevin_exp.bench.worker.reference import load_reference, make_inputs
 from kevin_exp.bench.worker.tensors import clone_values, device_name, synchronize
@@ -67,6 +67,14 @@ class Problem:
 
     def inputs(self, seed: int) -> list[Any]:
         return make_inputs(self.ns, seed, self.device)
+
+
+class _Sampled:
+    """What a sampled call is checked against: the expected output's header, and its values at the call's
+    sampled positions (host memory)."""
+
+    def __init__(self, header: dict[str, Any], want: list[Any]) -> None:
+        self.header, self.want = header, want
 
 
 class Server:
@@ -121,18 +129,31 @@ class Server:
 
     def op_chunk(self, r: dict[str, Any]) -> dict[str, Any]:
         """Inputs and expected outputs of trials [start, start + count), drawn from the secret seed. With
-        ``seeded``, also each trial's seed and input fingerprint for the runner, so no call needs its own request."""
+        ``seeded``, also each trial's seed and input fingerprint for the runner, so no call needs its own request.
+        Trials in ``samples`` (trial -> sample seed) are checked only at sampled positions: for them only the
+        expected values there are kept, in host memory, so their check needs no device work."""
         self.secret = int(r["secret"])
         self.trials = {}
+        samples = {int(k): int(v) for k, v in (r.get("samples") or {}).items()}
+        staged: dict[str, Any] = {}
         with torch.no_grad():
             for i in range(int(r["start"]), int(r["start"]) + int(r["count"])):
                 inputs = self.problem.inputs(trial_seed(self.secret, i))
-                self.trials[i] = (inputs, self.problem.model(*clone_values(inputs)))
-        reply: dict[str, Any] = {"op": "chunked"}
-        if r.get("seeded"):  # the runner draws each call's inputs from its seed; the fingerprint must match
-            reply["staged"] = {str(i): {"seed": trial_seed(self.secret, i), "fingerprint": fingerprint(list(inputs))}
-                               for i, (inputs, _) in self.trials.items()}
+                expected = self.problem.model(*clone_values(inputs))
+                if r.get("seeded"):  # the runner draws each call's inputs from its seed; the fingerprint must match
+                    staged[str(i)] = {"seed": trial_seed(self.secret, i), "fingerprint": fingerprint_lazy(list(inputs))}
+                if i in samples:  # (its inputs are kept only to be written to the region)
+                    kept = None if r.get("seeded") else inputs
+                    self.trials[i] = (kept, _Sampled(describe(expected), sampled(expected, samples[i])))
+                else:
+                    self.trials[i] = (inputs, expected)
         synchronize(self.device)
+        for i, t in self.trials.items():
+            if isinstance(t[1], _Sampled):
+                t[1].want = [w.cpu() if isinstance(w, torch.Tensor) else w for w in t[1].want]
+        reply: dict[str, Any] = {"op": "chunked"}
+        if r.get("seeded"):
+            reply["staged"] = {k: {**v, "fingerprint": resolve_fingerprint(v["fingerprint"])} for k, v in staged.items()}
         return reply
 
     def op_stage(self, r: dict[str, Any]) -> dict[str, Any]:
@@ -145,11 +166,14 @@ class Server:
         return {"op": "staged", "inputs": header}
 
     def op_check(self, r: dict[str, Any]) -> dict[str, Any]:
-        # the parent may start the runner's next call as soon as this replies: no work of it may still run then
+        """A sampled check runs on the host alone (the parent makes the runner's next call meanwhile); any other
+        check synchronizes before it replies: the parent starts the runner's next call once it has."""
+        sampled_check = isinstance(self.trials.get(int(r["i"]), (None, None))[1], _Sampled)
         try:
             return self._check(r)
         finally:
-            synchronize(self.device)
+            if not sampled_check:
+                synchronize(self.device)
 
     def _check(self, r: dict[str, Any]) -> dict[str, Any]:
         layout = Layout.from_json(r["layout"])
@@ -180,24 +204,23 @@ class Server:
 
     def _check_sampled(self, r: dict[str, Any], expected: Any, mm: Any, tolerances: _Tolerances) -> Comparison | dict[str, Any]:
         """A timed call: the output's structure, dtypes and shapes (``shape``, a header without data) against the
-        expected output's, then the runner's values at ``positions`` of each tensor (``outputs``: one 1-D tensor
-        per leaf) against the expected output's at the same positions."""
+        expected output's, then the runner's values at the sampled positions of each tensor (``outputs``: one 1-D
+        tensor per leaf) against the expected output's there, both in host memory."""
         shape = r.get("shape")
         try:
             validate(shape, 0, 1 << 62)
         except HeaderError as exc:
             return {"op": "checked", "ok": False, "reason": f"the runner's report is malformed ({exc})", "malformed": True}
-        why = mismatch(shape, describe(expected))
+        if not isinstance(expected, _Sampled):
+            return {"op": "checked", "ok": False, "reason": f"call {r['i']} is not a sampled call", "malformed": True}
+        why = mismatch(shape, expected.header)
         if why:
             return {"op": "checked", "ok": False, "reason": why}
-        seed = int(r["sample"])
-        want = []
-        for j, e in enumerate(leaves(expected)):
-            want.append(e.reshape(-1)[positions(e.numel(), seed, j).to(e.device)] if isinstance(e, torch.Tensor) else e)
+        want = expected.want
         got_header = r["outputs"]
         if mismatch(got_header, describe(want)):
             return {"op": "checked", "ok": False, "reason": "the runner's sampled values are malformed", "malformed": True}
-        got = [read_values(h, mm, self.device) for h in got_header["items"]]
+        got = [read_values(h, mm, "cpu") for h in got_header["items"]]
         cmp = compare_outputs(want, got, tolerances)
         if not cmp.ok:
             cmp.reason = f"at sampled positions of a timed call's output: {cmp.reason}"

@@ -54,6 +54,7 @@ class RunSlot:
     def run(self, job: RunJob, seed: int | None = None, refresh_reference: bool = False) -> tuple[RunOutcome, float]:
         """Run one candidate in a fresh runner: its outcome, and the seconds the run took. ``refresh_reference``
         times the reference again first (a recheck does)."""
+        t_take = time.monotonic()
         ref = self.reference()
         worker = self._take()
         if self.config.backend == "cuda":
@@ -63,10 +64,13 @@ class RunSlot:
                                refresh_reference=refresh_reference,
                                device_quiet=self.gate.quiet if self.gate is not None else contextlib.nullcontext)
         run_s = time.monotonic() - t0
+        t1 = time.monotonic()
         self._retire(worker)
         if outcome.status == "reference_failed" and not ref.alive():
             self._reference = None
         self._top_up()
+        # the slot's own time around the run (taking a runner, starting the next ones): diagnostics only
+        outcome.phases.update(slot_take_s=round(t0 - t_take, 4), slot_after_s=round(time.monotonic() - t1, 4))
         return outcome, run_s
 
     def _quiet(self) -> None:

@@ -23,6 +23,12 @@ def fingerprint(values: Any) -> list[Any]:
     """Per leaf: dtype, shape and an exact, order-independent integer sum of the bits of up to 4,096 evenly
     spread elements (tensors), or the value itself (numbers). Two processes drawing the same inputs agree
     whatever their thread counts."""
+    return resolve_fingerprint(fingerprint_lazy(values))
+
+
+def fingerprint_lazy(values: Any) -> list[Any]:
+    """``fingerprint`` with each sum left on the tensor's device (no synchronization): many calls' fingerprints
+    are then drawn with one wait (``resolve_fingerprint``)."""
     out: list[Any] = []
     for v in leaves(values):
         if isinstance(v, torch.Tensor):
@@ -30,10 +36,14 @@ def fingerprint(values: Any) -> list[Any]:
             step = max(1, flat.numel() // _FINGERPRINT_ELEMENTS)
             picked = flat[::step].contiguous()
             bits = picked.view(_INT_VIEW[picked.element_size()]) if picked.numel() else picked.to(torch.int64)
-            out.append([str(v.dtype).removeprefix("torch."), list(v.shape), int(bits.to(torch.int64).sum())])
+            out.append([str(v.dtype).removeprefix("torch."), list(v.shape), bits.to(torch.int64).sum()])
         else:
             out.append(v if v is None or isinstance(v, (bool, int, float, str)) else repr(type(v)))
     return out
+
+
+def resolve_fingerprint(lazy: list[Any]) -> list[Any]:
+    return [[e[0], e[1], int(e[2])] if isinstance(e, list) and isinstance(e[2], torch.Tensor) else e for e in lazy]
 
 
 def leaves(values: Any) -> list[Any]:

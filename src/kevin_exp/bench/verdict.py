@@ -59,6 +59,10 @@ class TimingStats:
             trials=n,
         )
 
+    def statistic(self, name: str) -> float:
+        """The figure a speedup is taken from (``BenchConfig.timing_statistic``): ``min`` or ``median``."""
+        return {"min": self.min_ms, "median": self.median_ms}[name]
+
 
 @dataclass
 class Verdict:
@@ -128,8 +132,8 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
     end (wall clock, memory, exit), the status a check or the runner's refusal decided, else ``ok`` with the
     candidate's time over the reference's (the trusted process's), and ``suspect`` when a reported time is
     longer than the parent's outside measure of the same call or far shorter than it (``hidden_time_check``).
-    The candidate's time is the larger of its runner's median report and the outside bound (``timing_bound``);
-    both are in ``extra["timing"]``."""
+    The candidate's time is the larger of its runner's reports (their ``timing_statistic``: min or median, the
+    reference's taken the same way) and the outside bound (``timing_bound``); both are in ``extra["timing"]``."""
     extra: dict[str, Any] = {"limits": outcome.limits, "phases": outcome.phases, "checked_calls": outcome.checked_calls,
                              "inputs": outcome.inputs}
     if outcome.ref_ms:
@@ -176,15 +180,18 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
     outside = TimingStats.from_samples(outcome.outside_ms)
     bound = timing_bound(outcome.new_ms, outcome.outside_ms, outcome.calibration_ms, outcome.calibration_outside_ms,
                          config.hidden_time_slack_ms)
-    used_ms = max(new.median_ms, bound.outside_bound_ms) if bound.outside_bound_ms is not None else new.median_ms
-    extra["timing"] = {"reported_ms": round(new.median_ms, 6), "outside_ms": round(outside.median_ms, 6),
+    reported_ms, ref_ms = new.statistic(config.timing_statistic), ref.statistic(config.timing_statistic)
+    used_ms = max(reported_ms, bound.outside_bound_ms) if bound.outside_bound_ms is not None else reported_ms
+    extra["timing"] = {"statistic": config.timing_statistic, "reported_ms": round(reported_ms, 6),
+                       "outside_ms": round(outside.statistic(config.timing_statistic), 6),
                        "calibration_overhead_ms": bound.overhead_ms, "outside_bound_ms": bound.outside_bound_ms,
                        "used_ms": round(used_ms, 6), "slack_ms": config.hidden_time_slack_ms,
-                       "used": "outside_bound" if used_ms > new.median_ms else "reported"}
-    speedup = ref.median_ms / used_ms if used_ms > 0 else float("inf")
+                       "used": "outside_bound" if used_ms > reported_ms else "reported"}
+    speedup = ref_ms / used_ms if used_ms > 0 else float("inf")
     flagged = speedup > config.excessive_speedup
-    timing = dict(runtime_ms=used_ms, ref_runtime_ms=ref.median_ms, speedup=speedup, runtime_stats=new,
-                  ref_runtime_stats=ref, outside_runtime_ms=outside.median_ms, excessive_speedup=flagged)
+    timing = dict(runtime_ms=used_ms, ref_runtime_ms=ref_ms, speedup=speedup, runtime_stats=new,
+                  ref_runtime_stats=ref, outside_runtime_ms=outside.statistic(config.timing_statistic),
+                  excessive_speedup=flagged)
     hidden = hidden_time_ms(outcome.new_ms, outcome.outside_ms, outcome.calibration_ms, outcome.calibration_outside_ms)
     extra["hidden_ms"] = round(hidden, 4)
     allowed = config.hidden_time_factor * new.median_ms + config.hidden_time_suspect_ms
@@ -200,8 +207,9 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
                   f"{outcome.outside_ms[k]:.4g} ms the evaluator measured from outside; the run counts for nothing")
         extra["impossible_calls"] = impossible[:20]
         return verdict(Status.SUSPECT, reason, rule="timing_inconsistent", **checked, **timing)
-    reason = f"correct; speedup {speedup:.3g}x over PyTorch eager ({ref.median_ms:.4g} ms -> {used_ms:.4g} ms"
-    reason += "; the evaluator's outside clock, as the reported time was shorter)" if used_ms > new.median_ms else ")"
+    reason = (f"correct; speedup {speedup:.3g}x over PyTorch eager ({ref_ms:.4g} ms -> {used_ms:.4g} ms, "
+              f"{config.timing_statistic} of {new.trials} timed calls")
+    reason += "; the evaluator's outside clock, as the reported time was shorter)" if used_ms > reported_ms else ")"
     if flagged:
         reason += f"; flagged: speedup above {config.excessive_speedup:g}x"
     return verdict(Status.OK, reason, correct=True, **checked, **timing)

@@ -82,17 +82,24 @@ def main(argv: list[str] | None = None) -> None:
 
 def _start_cuda(gate_fd: int) -> None:
     """CUDA up, and what a run does on the GPU done once, so that whatever the driver starts lazily starts before
-    new tasks are forbidden: a kernel, copies both ways, events and a device-wide sync. Under the device gate:
-    never while a candidate is being timed on this GPU."""
+    new tasks are forbidden: a kernel, copies both ways, events and a device-wide sync. Also the harness's own
+    kernels (drawing inputs, their fingerprint, sampled outputs): CUDA loads each kernel on its first use, which
+    would otherwise fall on the run's first calls. Under the device gate: never while a candidate is being timed
+    on this GPU."""
     import torch
 
     from kevin_exp.bench.device_gate import starting_on_the_device
 
     with starting_on_the_device(gate_fd):
         torch.cuda.init()
+        from kevin_exp.bench.sampling import fingerprint, sampled
         from kevin_exp.bench.worker.timing import CacheFlusher, Timer
 
         x = torch.ones(1 << 16).to("cuda")
         CacheFlusher(torch.device("cuda")).flush()
         Timer(torch.device("cuda"))(lambda: x.add(1))
         x.cpu()
+        drawn = [torch.randn(1 << 16, device="cuda"), torch.rand(1 << 16, device="cuda"),
+                 torch.randint(0, 1 << 10, (1 << 16,), device="cuda"), torch.zeros(1 << 16, device="cuda")]
+        fingerprint(drawn)
+        [v.cpu() for v in sampled(drawn, 1)]
