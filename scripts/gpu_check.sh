@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run on a GPU machine (the image already has torch, numpy, ninja, pytest): GPU tests and GPU benchmarks.
 # Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [STAGES] [test paths / pytest args...]
-# STAGE_ARGS-style knobs: BENCH_ARGS, TRAIN_ARGS, TRAIN_CLI, MFU_ARGS, GENERATION_ARGS, STEP_ARGS, MULTIGPU_ARGS
-# STAGES: comma-separated contention,cost,bench,bench128,tests,adversarial,fidelity,train,mfu,generation,step,multigpu,
+# STAGE_ARGS-style knobs: BENCH_ARGS, TRACE_ARGS, TRAIN_ARGS, TRAIN_CLI, MFU_ARGS, GENERATION_ARGS, STEP_ARGS, MULTIGPU_ARGS
+# STAGES: comma-separated contention,cost,bench,bench128,trace,tests,adversarial,fidelity,train,mfu,generation,step,multigpu,
 # compare,compile
 # (default all, in that order),
 # e.g. bash scripts/gpu_check.sh cost,bench
@@ -47,6 +47,9 @@ if has bench; then  # the figure the evaluator's issue asks for, and the torch-d
 fi
 if has bench128; then  # a training step evaluates hundreds (8 tasks x 16 trajectories x 4 turns = 512)
   timeout ${LIMIT_BENCH128:-330} $py benchmarks/eval_throughput.py --backend cuda --n 128 2>&1 | tee "$out/throughput-128.txt"
+fi
+if has trace; then  # one run stage, message by message: where a candidate's time on the GPU slot goes
+  timeout ${LIMIT_TRACE:-150} $py benchmarks/run_trace.py --backend cuda ${TRACE_ARGS:-} 2>&1 | tee "$out/trace.txt"
 fi
 if has tests; then
   $py -m kevin_exp.bench --reference tests/fixtures/problem_relu.py --candidate tests/fixtures/cuda/ok.py --backend cuda --json 2>&1 | tee "$out/cli-verdict.json"

@@ -29,6 +29,9 @@ REFERENCE_SLACK_S = 60.0  # a reference request's own limit, beyond the run's
 # one measurement for good, so a measurement disturbed by other work (compiles, on cpu) must not be it
 REFERENCE_TIMING_BLOCKS = 3
 CALIBRATION_CALLS = 20
+# calls whose outputs are checked only at sampled positions (the check is then host work, overlapping the next
+# call); checked calls compare whole outputs and inputs
+SAMPLED_KINDS = frozenset({"warmup", "timed"})
 # what a runner may say about its own candidate; "ok" is never its to say
 RUNNER_STATUSES = frozenset({"runtime_error", "forbidden", "format_error", "compile_error", "incorrect"})
 
@@ -174,7 +177,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
         per_trial = max(1, header_bytes(prepared["input"]) + header_bytes(prepared["output"]))
         chunk = max(1, config.chunk_bytes // per_trial)
         calls = _Calls(outcome, ref, runner, layout, seeded, ref_limit, "trials", outcome.limits["trials_s"])
-        busy_before = ref.busy_s
+        busy_before, by_op_before = ref.busy_s, dict(ref.busy_by_op)
         checks = _TrialChecks(outcome, ref, runner, layout, config)
         try:
             for i, kind in enumerate(kinds):
@@ -192,6 +195,8 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
             lap("trials_s")
             outcome.phases.update({k: round(v, 4) for k, v in calls.busy.items()})
             outcome.phases["trials_reference_busy_s"] = round(ref.busy_s - busy_before, 4)
+            for op in ("chunk", "check"):
+                outcome.phases[f"trials_reference_{op}_s"] = round(ref.busy_by_op.get(op, 0.0) - by_op_before.get(op, 0.0), 4)
             runner.send({"op": "end"})
             reply = runner.recv(time.monotonic() + max(5.0, calls.budget_s - calls.spent))
             if not _answered(outcome, runner, reply, "end", "ended"):
@@ -237,20 +242,20 @@ class _Ran:
     kind: str  # check | warmup | timed
     ms: Any  # the runner's own time for it
     took_ms: float  # the parent's clock from "go" to "ran"
-    sample: int | None  # timed calls: their outputs come back only at positions drawn from this, sent at "collect"
+    sample: int | None  # SAMPLED_KINDS: their outputs come back only at positions drawn from this, sent at "collect"
 
 
 class _Calls:
     """Drives the runner's calls. Every call has three phases: "trial" (inputs drawn from the call's seed or
     copied in, cache flushed; reply "ready", with the drawn inputs' fingerprint, which must be the reference's),
     "go" (the call alone: the parent's clock runs from sending it to the arrival of "ran", which carries the
-    runner's own time) and "collect" (outputs written out, or for timed calls only their values at positions
+    runner's own time) and "collect" (outputs written out, or for timed and warm-up calls only their values at positions
     drawn from a seed sent now, after the time was reported; reply "done").
 
     Pipelined where inputs are seeded: "collect" of call i and "trial" of call i+1 are sent together, and while
     the runner stages call i+1 the reference process checks call i (``checks``). A check that uses the device
-    (a checked or warm-up call's whole output) is answered before "go" of call i+1, so nothing else runs on the
-    device during a call; a timed call's sampled check runs on the host alone and is answered once call i+1 has
+    (a checked call's whole output and inputs) is answered before "go" of call i+1, so nothing else runs on the
+    device during a call; a sampled check (timed and warm-up calls) runs on the host alone and is answered once call i+1 has
     run (before "collect" of call i+1 rewrites the region it reads), so it costs the calls nothing. Inputs written to the shared region (not seeded) keep every phase in turn: the reference must write call
     i+1's inputs before the runner can stage it, so the check of call i comes first and nothing overlaps."""
 
@@ -272,11 +277,11 @@ class _Calls:
 
     def chunk(self, secret: int, start: int, kinds: list[str], limit: float) -> None:
         """The reference draws the inputs of calls [start, start + len(kinds)) and computes their expected outputs
-        (with seeded inputs, also each call's seed and fingerprint). A timed call's output is checked at positions
-        drawn from a seed drawn now: the reference keeps only the expected values there, and the runner learns the
-        seed when it is asked for them, after the call has reported its time."""
+        (with seeded inputs, also each call's seed and fingerprint). A timed or warm-up call's output is checked at
+        positions drawn from a seed drawn now: the reference keeps only the expected values there, and the runner
+        learns the seed when it is asked for them, after the call has reported its time."""
         assert self.ran is None
-        self.samples = {start + k: secrets.randbits(63) for k, kind in enumerate(kinds) if kind == "timed"}
+        self.samples = {start + k: secrets.randbits(63) for k, kind in enumerate(kinds) if kind in SAMPLED_KINDS}
         reply = self.ref.call({"op": "chunk", "secret": secret, "start": start, "count": len(kinds), "seeded": self.seeded,
                                "samples": {str(i): seed for i, seed in self.samples.items()}}, limit)
         self.staged = (reply.get("staged") or {}) if self.seeded else {}
@@ -318,7 +323,7 @@ class _Calls:
         # runner's region is rewritten only by the next "collect", sent after this
         if not self._answer(checks, before, deferred) or went is None:
             return False
-        self.ran = _Ran(i, kind, went[0], went[1], self.samples.pop(i) if kind == "timed" else None)
+        self.ran = _Ran(i, kind, went[0], went[1], self.samples.pop(i) if kind in SAMPLED_KINDS else None)
         self.spent += time.monotonic() - t0
         return True
 

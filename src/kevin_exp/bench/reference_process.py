@@ -43,6 +43,7 @@ class ReferenceProcess(ChildProcess):
         super().__init__(cmd, env, write_fd, read_fd, (exchange_fd,), 1 << 50, max_output_bytes, cwd=self.private_dir)
         self._ready = False
         self.busy_s = 0.0  # seconds the process reported working on requests (``answer``)
+        self.busy_by_op: dict[str, float] = {}  # the same, by request
 
     def call(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         self.ask(request)
@@ -66,7 +67,10 @@ class ReferenceProcess(ChildProcess):
                                   self.output_tail())
         if reply.get("op") == "error":
             raise ReferenceFailed(f"the reference program failed: {reply.get('reason', '')}", reply.get("detail", ""))
-        self.busy_s += float(reply.get("s") or 0.0)
+        busy = float(reply.get("s") or 0.0)
+        self.busy_s += busy
+        op = str(request.get("op"))
+        self.busy_by_op[op] = self.busy_by_op.get(op, 0.0) + busy
         return reply
 
     def _why(self, ended: Any) -> str:

@@ -223,7 +223,7 @@ class Server:
         got = [read_values(h, mm, "cpu") for h in got_header["items"]]
         cmp = compare_outputs(want, got, tolerances)
         if not cmp.ok:
-            cmp.reason = f"at sampled positions of a timed call's output: {cmp.reason}"
+            cmp.reason = f"at sampled positions of the call's output: {cmp.reason}"
         return cmp
 
     def op_release(self, r: dict[str, Any]) -> dict[str, Any]:
