@@ -2,7 +2,7 @@
 runner (W) and the reference process (R), and every reply, timed by the parent; the gaps between consecutive
 events, summed over the runs, largest first.
 
-    python benchmarks/run_trace.py --backend cuda [--problems level1/1 level2/5] [--runs 4]
+    python benchmarks/run_trace.py --backend cuda [--problems level1/1 level2/5] [--runs 3]
 
 Each problem's solution is evaluated ``--runs`` times, made distinct by a comment (the first run builds it and
 times the reference; the others are the steady state the table is taken from).
@@ -57,11 +57,21 @@ def gaps(events: list[tuple[float, str, str, str]]) -> dict[str, list[float]]:
     return out
 
 
+def print_table(events: list[tuple[float, str, str, str]], label: str) -> None:
+    table = sorted(gaps(events).items(), key=lambda kv: -sum(kv[1]))
+    total = sum(sum(v) for _, v in table) or 1.0
+    print(f"\n{label}: {len(events)} events, {total / 1e3:.2f} s between events in all")
+    print("| from -> to | n | median ms | total ms | share |")
+    print("|---|---|---|---|---|")
+    for key, v in table[:25]:
+        print(f"| {key} | {len(v)} | {statistics.median(v):.3f} | {sum(v):.1f} | {sum(v) / total:.1%} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=("cpu", "cuda"), default="cuda")
     ap.add_argument("--problems", nargs="*", default=["level1/1", "level1/8", "level2/5"])
-    ap.add_argument("--runs", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     problems = {p.problem_id.removeprefix("builtin/"): p for p in load_builtin() if p.solution(args.backend)}
     timeline = Timeline()
@@ -78,14 +88,7 @@ def main() -> None:
                     took = (timeline.events[-1][0] - timeline.events[start][0]) if len(timeline.events) > start else 0.0
                     print(f"{name} run {k}: {v.status.value}, run {v.run_s:.3f} s, traced {took:.3f} s, phases "
                           f"{ {a: b for a, b in v.extra.get('phases', {}).items()} }", flush=True)
-    table = sorted(gaps(timeline.events).items(), key=lambda kv: -sum(kv[1]))
-    total = sum(sum(v) for _, v in table)
-    print(f"\n{len(timeline.events)} events over {args.runs - 1} traced runs of {len(args.problems)} problems; "
-          f"{total / 1e3:.2f} s between events in all")
-    print("| from -> to | n | median ms | total ms | share |")
-    print("|---|---|---|---|---|")
-    for key, v in table[:25]:
-        print(f"| {key} | {len(v)} | {statistics.median(v):.3f} | {sum(v):.1f} | {sum(v) / total:.1%} |")
+            print_table(timeline.events, f"after {name}")  # after each problem: a run cut short keeps its table
 
 
 if __name__ == "__main__":

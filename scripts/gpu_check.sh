@@ -49,7 +49,7 @@ if has bench128; then  # a training step evaluates hundreds (8 tasks x 16 trajec
   timeout ${LIMIT_BENCH128:-330} $py benchmarks/eval_throughput.py --backend cuda --n 128 2>&1 | tee "$out/throughput-128.txt"
 fi
 if has trace; then  # one run stage, message by message: where a candidate's time on the GPU slot goes
-  timeout ${LIMIT_TRACE:-150} $py benchmarks/run_trace.py --backend cuda ${TRACE_ARGS:-} 2>&1 | tee "$out/trace.txt"
+  timeout ${LIMIT_TRACE:-240} $py benchmarks/run_trace.py --backend cuda ${TRACE_ARGS:-} 2>&1 | tee "$out/trace.txt"
 fi
 if has tests; then
   $py -m kevin_exp.bench --reference tests/fixtures/problem_relu.py --candidate tests/fixtures/cuda/ok.py --backend cuda --json 2>&1 | tee "$out/cli-verdict.json"
