@@ -17,6 +17,7 @@ BAD_CHOICES = [
     ("rollout.env=real", "rollout.env='real': expected one of kernel, synthetic"),
     ("evaluator.backend=tpu", "evaluator.backend='tpu': expected one of auto, cpu, cuda"),
     ("evaluator.build_mode=slow", "evaluator.build_mode='slow': expected one of fast, torch"),
+    ("evaluator.timing_statistic=mean", "evaluator.timing_statistic='mean': expected one of min, median"),
     ("tasks.suite=other", "tasks.suite='other': expected one of builtin, kernelbench"),
     ("tasks.split=half", "tasks.split='half': expected one of all, kevin_train, kevin_holdout"),
     ("logger.kind=csv", "logger.kind='csv': expected one of jsonl, wandb"),
