@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kevin_exp.bench import BenchConfig
-from kevin_exp.bench import worker_process
+from kevin_exp.bench import BenchConfig, worker_process
 from kevin_exp.bench.evaluator import EvalItem, Evaluator
 from kevin_exp.tasks import load_builtin
 

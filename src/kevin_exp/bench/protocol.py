@@ -249,14 +249,15 @@ class _Calls:
     """Drives the runner's calls. Every call has three phases: "trial" (inputs drawn from the call's seed or
     copied in, cache flushed; reply "ready", with the drawn inputs' fingerprint, which must be the reference's),
     "go" (the call alone: the parent's clock runs from sending it to the arrival of "ran", which carries the
-    runner's own time) and "collect" (outputs written out, or for timed and warm-up calls only their values at positions
-    drawn from a seed sent now, after the time was reported; reply "done").
+    runner's own time) and "collect" (outputs written out, or for timed and warm-up calls only their values at
+    positions drawn from a seed sent now, after the time was reported; reply "done").
 
     Pipelined where inputs are seeded: "collect" of call i and "trial" of call i+1 are sent together, and while
     the runner stages call i+1 the reference process checks call i (``checks``). A check that uses the device
     (a checked call's whole output and inputs) is answered before "go" of call i+1, so nothing else runs on the
-    device during a call; a sampled check (timed and warm-up calls) runs on the host alone and is answered once call i+1 has
-    run (before "collect" of call i+1 rewrites the region it reads), so it costs the calls nothing. Inputs written to the shared region (not seeded) keep every phase in turn: the reference must write call
+    device during a call; a sampled check (timed and warm-up calls) runs on the host alone and is answered once
+    call i+1 has run (before "collect" of call i+1 rewrites the region it reads), so it costs the calls nothing.
+    Inputs written to the shared region (not seeded) keep every phase in turn: the reference must write call
     i+1's inputs before the runner can stage it, so the check of call i comes first and nothing overlaps."""
 
     def __init__(self, outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, seeded: bool,
