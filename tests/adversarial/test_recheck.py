@@ -75,7 +75,7 @@ READER = candidate(DISK_ANSWERS, name="adv_disk_answers", functions=("answer",),
 # writable with pkey_mprotect (pkey -1: plain mprotect, under a name the static rule does not list), else
 # written through /proc/self/mem. Every output is right and the lie is the same in every runner, so the
 # recheck agrees; the parent's outside clock (which includes copying inputs in) is longer than either.
-SLOW_CLOCK = candidate(r"""
+_SLOW_CLOCK_CPP = r"""
 #include <cstdint>
 #include <cstring>
 #include <ctime>
@@ -161,7 +161,38 @@ torch::Tensor leaky(torch::Tensor x) {
     leaky_into(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
     return out;
 }
-""", name="adv_slow_clock", functions=("slow_down", "leaky"), prelude="ext.slow_down()\n")
+"""
+
+SLOW_CLOCK = candidate(_SLOW_CLOCK_CPP, name="adv_slow_clock", functions=("slow_down", "leaky"), prelude="ext.slow_down()\n")
+
+
+def _lies_on_one_call_in_ten(cpp: str) -> str:
+    """The same clock patch, lying on only every tenth call, and then at 10% speed: a lie aimed at the minimum of
+    the timed calls (``evaluator.timing_statistic=min``), which one fast-looking call sets and the median ignores.
+    Where a lie ends, the clock stays behind the true time by what it hid, so no later call looks longer than the
+    parent saw it (which would be ``suspect`` at once)."""
+    edits = [
+        ("static long slowed = 0;", "static long slowed = 0;\nstatic bool lying = false;\nstatic int64_t offset = 0;"),
+        ("int64_t shown = since_ns + (now - since_ns) * 2 / 5;",
+         "int64_t shown = lying ? since_ns - offset + (now - since_ns) / 10 : now - offset;"),
+        ('TORCH_CHECK(++calls < 6 || slowed > 0, "the timer never read the slowed clock");',
+         "++calls;\n"
+         "    struct timespec ts;\n"
+         "    true_gettime(CLOCK_MONOTONIC, &ts);\n"
+         "    int64_t now = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;\n"
+         "    if (lying) offset = now - (since_ns - offset + (now - since_ns) / 10);\n"
+         "    lying = calls % 10 == 0;\n"
+         "    if (lying) since_ns = now;\n"
+         '    TORCH_CHECK(calls < 12 || slowed > 0, "the timer never read the slowed clock");'),
+    ]
+    for old, new in edits:
+        assert old in cpp, old
+        cpp = cpp.replace(old, new)
+    return cpp
+
+
+SLOW_CLOCK_ON_ONE_CALL = candidate(_lies_on_one_call_in_ten(_SLOW_CLOCK_CPP), name="adv_slow_clock_one_call",
+                                   functions=("slow_down", "leaky"), prelude="ext.slow_down()\n")
 
 ATTACKS = [
     Attack("thread_spins_while_reference_runs", SPIN_BETWEEN_CALLS,
@@ -206,6 +237,35 @@ def test_slowed_clock_gains_nothing_when_only_the_outside_clock_stands_in_its_wa
             if bad.status.value == "ok":
                 timing = bad.extra["timing"]
                 assert timing["used"] == "outside_bound" and timing["reported_ms"] < good.extra["timing"]["reported_ms"], timing
+            judge(attack, bad, good)
+            return
+        except AssertionError:
+            if attempt == 2:
+                raise
+
+
+def test_one_fast_looking_call_does_not_set_the_time_under_the_minimum(build_cache):
+    """The speedup takes the fastest timed call (``timing_statistic=min``), so a runner could lie on one call only:
+    its clock runs at 10% during every tenth call. The fastest reported call is then a tenth of the truth; the
+    outside bound (least outside time - least calibration overhead - slack) is what stands, close to the runner's
+    honest calls. On the input sixteen times the usual, so the bound's own noise on a busy 2-core machine (0.1-0.3
+    ms) is small beside a call."""
+    from kevin_exp.bench import CheckRules
+    from tests.adversarial.attacks import PROBLEM, config
+    from tests.adversarial.conftest import evaluate_attacks
+
+    problem = PROBLEM.replace('{"M": 256, "N": 2048}', '{"M": 4096, "N": 2048}')
+    assert problem != PROBLEM
+    attack = Attack("slowed_clock_on_one_call", SLOW_CLOCK_ON_ONE_CALL, stopped("suspect"), gain=True, problem=problem)
+    cfg = config(build_cache, rules=CheckRules(restrict_imports=False), timing_statistic="min")
+    for attempt in range(3):  # measured again on a failure, like judge() (timing noise of a 2-core box)
+        bad, good = evaluate_attacks([attack], cfg)[attack.name]
+        try:
+            if bad.status.value == "ok":
+                timing, calls = bad.extra["timing"], bad.runtime_stats  # p25 of 12 calls: an honest one
+                assert timing["statistic"] == "min" and timing["used"] == "outside_bound", timing
+                assert calls.min_ms < 0.5 * calls.p25_ms, calls  # the lie took
+                assert timing["used_ms"] >= 0.85 * calls.p25_ms, (timing, calls)  # and gained next to nothing
             judge(attack, bad, good)
             return
         except AssertionError:
