@@ -56,3 +56,20 @@ def test_sampling_refuses_what_the_full_output_path_refuses():
         sampled(torch.randn(4).as_subclass(Lazy), seed=1)
     with pytest.raises(HeaderError, match="dense"):
         sampled(torch.randn(4, 4).to_sparse(), seed=1)
+
+
+def test_sampling_many_outputs_at_once_gives_what_sampling_each_gives_in_host_memory():
+    from kevin_exp.bench.sampling import sampled_on_host
+
+    # mixed dtypes and sizes, so one output's bytes end where the next one's dtype is not aligned
+    outputs = [torch.randn(100, 100), (torch.randn(3).half(), torch.arange(10, dtype=torch.float64), 5),
+               torch.randint(0, 9, (5000,)), [torch.ones(2, dtype=torch.bool)]]
+    seeds = [1, 2, 3, 4]
+    for output, seed, got in zip(outputs, seeds, sampled_on_host(outputs, seeds)):
+        want = sampled(output, seed)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            if isinstance(w, torch.Tensor):
+                assert g.device.type == "cpu" and g.dtype == w.dtype and torch.equal(g, w.cpu())
+            else:
+                assert g == w

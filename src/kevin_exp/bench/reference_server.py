@@ -24,7 +24,7 @@ import torch
 
 from kevin_exp.bench.config import Tolerance
 from kevin_exp.bench.exchange import HeaderError, Layout, Region, describe, mismatch, read_values, validate, write_values
-from kevin_exp.bench.sampling import fingerprint_lazy, resolve_fingerprint, sampled
+from kevin_exp.bench.sampling import fingerprint_lazy, resolve_fingerprint, sampled_on_host
 from kevin_exp.bench.worker.comparison import Comparison, compare_outputs, same_values
 from kevin_exp.bench.worker.reference import load_reference, make_inputs
 from kevin_exp.bench.worker.tensors import clone_values, device_name, synchronize
@@ -136,6 +136,7 @@ class Server:
         self.trials = {}
         samples = {int(k): int(v) for k, v in (r.get("samples") or {}).items()}
         staged: dict[str, Any] = {}
+        to_sample: dict[int, Any] = {}
         with torch.no_grad():
             for i in range(int(r["start"]), int(r["start"]) + int(r["count"])):
                 inputs = self.problem.inputs(trial_seed(self.secret, i))
@@ -143,14 +144,13 @@ class Server:
                 if r.get("seeded"):  # the runner draws each call's inputs from its seed; the fingerprint must match
                     staged[str(i)] = {"seed": trial_seed(self.secret, i), "fingerprint": fingerprint_lazy(list(inputs))}
                 if i in samples:  # (its inputs are kept only to be written to the region)
-                    kept = None if r.get("seeded") else inputs
-                    self.trials[i] = (kept, _Sampled(describe(expected), sampled(expected, samples[i])))
+                    self.trials[i] = (None if r.get("seeded") else inputs, _Sampled(describe(expected), []))
+                    to_sample[i] = expected
                 else:
                     self.trials[i] = (inputs, expected)
+            for i, want in zip(to_sample, sampled_on_host(list(to_sample.values()), [samples[i] for i in to_sample])):
+                self.trials[i][1].want = want
         synchronize(self.device)
-        for i, t in self.trials.items():
-            if isinstance(t[1], _Sampled):
-                t[1].want = [w.cpu() if isinstance(w, torch.Tensor) else w for w in t[1].want]
         reply: dict[str, Any] = {"op": "chunked"}
         if r.get("seeded"):
             reply["staged"] = {k: {**v, "fingerprint": resolve_fingerprint(v["fingerprint"])} for k, v in staged.items()}

@@ -103,6 +103,11 @@ class RunSlot:
         return self._spawn()
 
     def _top_up(self) -> None:
+        """Refill the standby runners once half of them are used, all at once: on cuda each start holds the device
+        gate shared while CUDA starts, and a run waits for starts under way; started together, several cost a run
+        one such wait, where one started after every run cost every run one."""
+        if len(self._standby) > self.n_standby // 2:
+            return
         while len(self._standby) < self.n_standby:
             self._standby.append(self._spawn())
 

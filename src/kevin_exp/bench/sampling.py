@@ -65,16 +65,45 @@ def positions(numel: int, seed: int, leaf: int) -> torch.Tensor:
 def sampled(values: Any, seed: int) -> list[Any]:
     """The values at ``positions`` of each tensor leaf (1-D, on the tensor's device), numbers as they are.
     Refuses what ``exchange.write_values`` refuses: anything but plain dense tensors."""
-    from kevin_exp.bench.exchange import HeaderError
-
     out: list[Any] = []
     for j, v in enumerate(leaves(values)):
         if isinstance(v, torch.Tensor):
-            if type(v) is not torch.Tensor:
-                raise HeaderError(f"must be a plain torch.Tensor, got {type(v).__module__}.{type(v).__name__}")
-            if v.layout != torch.strided or v.is_meta:
-                raise HeaderError(f"must be a dense tensor, got layout {v.layout}")
+            _plain(v)
             out.append(v.detach().reshape(-1)[positions(v.numel(), seed, j).to(v.device)])
         else:
             out.append(v)
     return out
+
+
+def sampled_on_host(outputs: list[Any], seeds: list[int]) -> list[list[Any]]:
+    """``sampled`` of many outputs (one seed each), in host memory: all positions go to each device in one copy and
+    all sampled values come back in one, where a call at a time would wait on the device twice per call."""
+    picks: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []  # (output, leaf, tensor, host positions)
+    out: list[list[Any]] = []
+    for k, (values, seed) in enumerate(zip(outputs, seeds)):
+        row: list[Any] = []
+        for j, v in enumerate(leaves(values)):
+            if isinstance(v, torch.Tensor):
+                _plain(v)
+                picks.append((k, len(row), v, positions(v.numel(), seed, j)))
+            row.append(v)
+        out.append(row)
+    for device in {v.device for _, _, v, _ in picks}:
+        mine = [p for p in picks if p[2].device == device]
+        where = torch.cat([pos for *_, pos in mine]).to(device).split([len(pos) for *_, pos in mine])
+        raw = torch.cat([v.detach().reshape(-1)[w].view(torch.uint8) for (_, _, v, _), w in zip(mine, where)]).cpu()
+        at = 0
+        for k, j, v, pos in mine:
+            n = len(pos) * v.element_size()
+            out[k][j] = raw[at:at + n].clone().view(v.dtype)  # a copy of its own: aligned for its dtype
+            at += n
+    return out
+
+
+def _plain(v: torch.Tensor) -> None:
+    from kevin_exp.bench.exchange import HeaderError
+
+    if type(v) is not torch.Tensor:
+        raise HeaderError(f"must be a plain torch.Tensor, got {type(v).__module__}.{type(v).__name__}")
+    if v.layout != torch.strided or v.is_meta:
+        raise HeaderError(f"must be a dense tensor, got layout {v.layout}")

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     import torch.utils.cpp_extension  # noqa: F401  (the candidate's load_inline call imports it: ~0.2-0.3 s)
 
-    from kevin_exp.bench.worker.runner import serve
+    from kevin_exp.bench.worker.runner import serve, warm_harness
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -67,13 +67,14 @@ def main(argv: list[str] | None = None) -> None:
         replies.write(json.dumps({"probe": "ok", "uid": os.getuid(), "user": getpass.getuser()}))
         replies.close()
         os._exit(0)
+    harness = warm_harness(args.exchange_fd, args.backend)
     if args.forbid_new_tasks:
         from kevin_exp.bench.seccomp import forbid_new_tasks
 
         forbid_new_tasks()
     replies.write(json.dumps({"op": "ready"}) + "\n")
     replies.flush()
-    serve(sys.stdin.buffer, replies, args.exchange_fd, args.backend)
+    serve(sys.stdin.buffer, replies, harness)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: a candidate's extension may crash in its destructors.

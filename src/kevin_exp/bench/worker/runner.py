@@ -26,14 +26,26 @@ from kevin_exp.bench.worker.tensors import device_name, synchronize
 from kevin_exp.bench.worker.timing import CacheFlusher, Timer
 
 
-def serve(requests: IO[bytes], replies: IO[str], exchange_fd: int, backend: str) -> None:
+def warm_harness(exchange_fd: int, backend: str) -> "Harness":
+    """The harness, made before the runner says it is ready: the cache flusher's buffer, the timer, and the
+    exchange region mapped (and page-locked on cuda) at its current size, which a run would otherwise pay on its
+    first collect (the region grows only when a larger problem comes; it is then mapped again)."""
+    import os
+
+    harness = Harness(Region(exchange_fd, pin=backend == "cuda"), backend)
+    size = os.fstat(exchange_fd).st_size if exchange_fd >= 0 else 0
+    if size:
+        harness.region.mapped(size)
+    return harness
+
+
+def serve(requests: IO[bytes], replies: IO[str], harness: "Harness") -> None:
     def reply(message: dict[str, Any]) -> None:
         if message.get("op") in ("ready", "done"):  # how long the phase took here (the parent sums it, as a diagnostic)
             message["busy_ms"] = round((time.perf_counter() - started) * 1e3, 3)
         replies.write(json.dumps(message) + "\n")
         replies.flush()
 
-    harness = Harness(Region(exchange_fd, pin=backend == "cuda"), backend)
     runner: Runner | None = None
     for line in requests:
         started = time.perf_counter()
