@@ -125,7 +125,10 @@ def one_step(args: argparse.Namespace, schedule: str, policy: Policy, tag: str) 
         t0 = time.perf_counter()
         try:
             samples, times = run_rollout(tasks, gen, env, lambda text: chat_prompt_ids(tok, text),
-                                         lambda text: len(tok.encode(text)), settings, seed=1)
+                                         lambda text: len(tok.encode(text)), settings, seed=1,
+                                         on_turn=lambda turn, group, seconds: print(
+                                             f"  {schedule}: turn {turn + 1} generated (group {group}, {seconds:.1f} s) "
+                                             f"at {time.perf_counter() - t0:.1f} s", flush=True))
         finally:
             env.close()
         rollout_s = time.perf_counter() - t0
