@@ -46,22 +46,25 @@ def median_phases(verdicts: list[Verdict]) -> dict[str, float]:
     return {k: round(sorted(p.get(k, 0.0) for p in phases)[len(phases) // 2], 3) for k in names}
 
 
-def run(backend: str, n: int, mode: str, tag: str, standby: int, worker_start: str = "fork") -> dict:
+def run(backend: str, n: int, mode: str, tag: str, standby: int, worker_start: str = "fork", run_cores: int = -1) -> dict:
     with tempfile.TemporaryDirectory(prefix="kx-throughput-") as cache:
         config = BenchConfig(backend=backend, build_mode=mode, cache_dir=Path(cache), standby_workers=standby,
-                             worker_start=worker_start)
+                             worker_start=worker_start, run_cores=run_cores)
         with Evaluator(config) as ev:
             runners = ev.fork_server.describe() if ev.fork_server is not None else "exec"
+            cores = ev.cpu_split.describe()
+            print(f"{mode}, run_cores={run_cores}: {cores}", flush=True)
             n_standby = ev._slots[0].n_standby
             t0 = time.perf_counter()
             ev.builder.warm()
             warm_s = time.perf_counter() - t0
             items = distinct_items(backend, n, tag)
             t1 = time.perf_counter()
-            done = []
+            done, landed = [], []
 
             def progress(v: Verdict) -> None:
                 done.append(v)
+                landed.append(time.perf_counter() - t1)
                 print(f"  {mode} {len(done)}/{n} at {time.perf_counter() - t1:6.1f} s: {v.problem_id} {v.status.value}, "
                       f"compile {v.compile_s:.1f} s, run {v.run_s:.1f} s (worker wait {worker_wait_s(v):.1f} s)", flush=True)
 
@@ -73,6 +76,10 @@ def run(backend: str, n: int, mode: str, tag: str, standby: int, worker_start: s
     return {
         "mode": mode,
         "runners": runners,
+        "run_cores": run_cores,
+        "cores": cores,
+        # the rate once the pipeline is full: verdicts after the first 16 over the time they took
+        "steady_per_min": 60.0 * (len(landed) - 16) / (landed[-1] - landed[15]) if len(landed) > 17 else 0.0,
         "n": n,
         "standby": n_standby,
         "ok": ok,
@@ -94,25 +101,31 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--torch-n", type=int, default=0, help="also measure torch's default build path on this many")
     parser.add_argument("--standby", type=int, default=0, help="standby workers per run slot (0: the evaluator's default)")
+    parser.add_argument("--run-cores", default="-1",
+                        help="evaluator.run_cores, comma-separated for one run each (e.g. 0,-1: none reserved, then auto)")
     parser.add_argument("--worker-start", choices=("fork", "exec", "both"), default="fork",
                         help="how runners start (evaluator.worker_start); both: one run each way")
     args = parser.parse_args()
     tag = f"{time.time_ns()}"
     ways = ["exec", "fork"] if args.worker_start == "both" else [args.worker_start]
-    rows = [run(args.backend, args.n, "fast", f"{tag}{how}", args.standby, how) for how in ways]
+    rows = [run(args.backend, args.n, "fast", f"{tag}{how}{rc}", args.standby, how, int(rc))
+            for rc in args.run_cores.split(",") for how in ways]
     if args.torch_n:
         rows.append(run(args.backend, args.torch_n, "torch", tag + "t", args.standby, ways[-1]))
-    print("| backend | build path | runners start by | standby workers | candidates | ok | one-time warm-up s | wall s "
-          "| correct candidates / min | median compile s | median run s | median worker wait s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| backend | build path | runners start by | run_cores | standby workers | candidates | ok | one-time warm-up s "
+          "| wall s | correct candidates / min | after the first 16, / min | median compile s | median run s "
+          "| median worker wait s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {args.backend} | {r['mode']} | {r['runners']} | {r['standby']} | {r['n']} | {r['ok']} | {r['warm_s']:.1f} | "
-            f"{r['wall_s']:.1f} | "
-            f"{r['per_min']:.1f} | {r['median_compile_s']:.1f} | {r['median_run_s']:.2f} | {r['median_wait_s']:.2f} |"
+            f"| {args.backend} | {r['mode']} | {r['runners']} | {r['run_cores']} | {r['standby']} | {r['n']} | {r['ok']} | "
+            f"{r['warm_s']:.1f} | {r['wall_s']:.1f} | {r['per_min']:.1f} | {r['steady_per_min']:.1f} | "
+            f"{r['median_compile_s']:.1f} | {r['median_run_s']:.2f} | {r['median_wait_s']:.2f} |"
         )
     for r in rows:
-        print(f"\n{r['mode']}: median worker stages (s): {r['median_phases_s']}")
+        print(f"{r['mode']}, run_cores={r['run_cores']}: {r['cores']}")
+    for r in rows:
+        print(f"\n{r['mode']}, run_cores={r['run_cores']}: median worker stages (s): {r['median_phases_s']}")
     for r in rows:
         if r["failures"]:
             print(f"\n{r['mode']} failures: {r['failures']}")

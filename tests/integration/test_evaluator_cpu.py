@@ -250,3 +250,38 @@ def test_duplicates_in_a_batch_and_a_later_batch_cost_one_compile(evaluator):
     assert [v.status for v in [*first, later]] == [Status.OK] * 4, [v.reason for v in [*first, later]]
     assert builds == [False]  # built once; the duplicates and the later batch shared it
     assert later.cache_hit
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to split")
+def test_run_cores_keep_the_run_on_its_cores_and_compiles_off_them(build_cache):
+    """evaluator.run_cores: the candidate's code runs on the slot's own core, the reference process stays there,
+    and compile threads and the fork server (so standby runners) run on the other cores; the verdict records
+    the cores."""
+    allowed = sorted(os.sched_getaffinity(0))
+    own, rest = {allowed[-1]}, set(allowed[:-1])
+    rules = CheckRules(restrict_imports=False)  # <sched.h>, for the fixture to report its cores
+    config = BenchConfig(backend="cpu", timed_trials=5, warmup_trials=1, cache_dir=build_cache, recheck_speedup=1e9,
+                         rules=rules, run_cores=1)
+    with Evaluator(config) as ev:
+        assert ev.cpu_split.slots == (frozenset(own),) and ev.cpu_split.compiles == frozenset(rest)
+        reported, ok = ev.evaluate([item("report_cores"), item("ok")])
+        assert reported.status is Status.RUNTIME_ERROR, reported.reason
+        assert reported_cores(reported.feedback) == own, reported.feedback
+        assert ok.status is Status.OK, ok.reason
+        assert ok.extra["run_cores"] == sorted(own)
+        assert os.sched_getaffinity(ev._slots[0].reference().proc.pid) == own
+        assert os.sched_getaffinity(ev.fork_server.pid) == rest
+        assert ev._compile_pool.submit(os.sched_getaffinity, 0).result() == rest
+        assert os.sched_getaffinity(0) == set(allowed)  # the caller's thread is left as it was
+    with Evaluator(dataclasses.replace(config, run_cores=0)) as ev:
+        [reported] = ev.evaluate([item("report_cores")])
+        assert reported_cores(reported.feedback) == set(allowed), reported.feedback
+        assert reported.extra["run_cores"] == []
+
+
+def reported_cores(feedback: str) -> set[int]:
+    import re
+
+    found = re.search(r"cores:((?: \d+;)+)", feedback)
+    assert found, feedback
+    return {int(c) for c in re.findall(r"\d+", found.group(1))}

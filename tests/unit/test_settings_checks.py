@@ -43,6 +43,7 @@ BAD_NUMBERS = [
     ("trainer.micro_batch_size=0", "trainer.micro_batch_size=0: expected >= 1"),
     ("trainer.keep_checkpoints=0", "trainer.keep_checkpoints=0: expected >= 1"),
     ("evaluator.timed_trials=0", "evaluator.timed_trials=0: expected >= 1"),
+    ("evaluator.run_cores=-2", "evaluator.run_cores=-2: expected >= -1"),
     ("eval.n_turns=0", "eval.n_turns=0: expected >= 1"),
     ("resources.max_memory_fraction=1.2", "resources.max_memory_fraction=1.2: expected a number in (0, 1]"),
     ("tasks.levels=[]", "tasks.levels=[]: expected at least one value"),

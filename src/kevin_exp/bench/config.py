@@ -121,6 +121,9 @@ class BenchConfig:
     compile_workers: int = 0  # 0: from cores and memory
     cpus: int = 0  # cores the evaluator may use (0: all of the machine's)
     run_slots: int = 0  # 0: one per visible GPU (cuda) / 1 (cpu)
+    # cores of its own per run slot, kept free of compiles (bench/cpu_split.py); -1: auto (2 per slot on cuda
+    # where the evaluator has the process's cores and at least 6 stay for compiles, else none), 0: none
+    run_cores: int = -1
     # sandboxed workers kept starting per run slot while one runs (a cold start costs ~10 s on a GPU box, a
     # run ~1 s); 0: cores / (2 x run slots), 2 to 8 (cuda) / 1 (cpu, where starting workers would take
     # cores from the timed run)
@@ -158,6 +161,8 @@ class BenchConfig:
             raise ValueError("hidden_time_factor, hidden_time_slack_ms and hidden_time_suspect_ms must be >= 0")
         if self.hidden_time_retries < 0:
             raise ValueError(f"hidden_time_retries={self.hidden_time_retries}: expected >= 0")
+        if self.run_cores < -1:
+            raise ValueError(f"run_cores={self.run_cores}: expected -1 (auto), 0 (none) or a number of cores")
         if self.max_speedup < 0 or self.chunk_bytes < 1:
             raise ValueError("max_speedup must be >= 0 (0: no cap) and chunk_bytes >= 1")
 

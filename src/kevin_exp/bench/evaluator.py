@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from kevin_exp.bench import cpu_split
 from kevin_exp.bench.build import Builder, BuildError, BuildResult
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.checks.native import check_native
@@ -75,27 +76,34 @@ class Evaluator:
         cfg = self.config
         self.cache_dir = cfg.resolved_cache_dir()
         self.cache_dir.mkdir(parents=True, exist_ok=True)
+        devices = slot_devices(cfg)
+        self.cpu_split = cpu_split.plan(cfg.run_cores, len(devices), cfg.backend, cfg.cpus)
+        compile_cores = len(self.cpu_split.compiles) if self.cpu_split.active else usable_cores(cfg.cpus)
         self.builder = Builder(
             self.cache_dir,
             backend=cfg.backend,
             mode=cfg.build_mode,
             timeout_s=cfg.compile_timeout_s,
             memory_limit_gb=max(cfg.memory_limit_gb, 8.0),
-            jobs=usable_cores(cfg.cpus),
+            jobs=compile_cores,
         )
         self.policy: SandboxPolicy = probe_policy(cfg.sandbox, cfg.backend)
-        self._compile_pool = ThreadPoolExecutor(max_workers=_compile_workers(cfg), thread_name_prefix="kx-compile")
+        # compile threads, and the compilers they start (a thread's affinity is inherited), stay off the run cores
+        self._compile_pool = ThreadPoolExecutor(max_workers=_compile_workers(cfg, compile_cores),
+                                                thread_name_prefix="kx-compile", initializer=cpu_split.pin_thread,
+                                                initargs=(self.cpu_split.compiles,))
         self._builds: dict[str, Future] = {}
         self._builds_lock = threading.Lock()
         self._run_root = Path(tempfile.mkdtemp(prefix="kevin_exp_run_"))
         # runners are forked from a warm server (no interpreter start or torch import per candidate)
-        self.fork_server = ForkServer(cfg.backend, self._run_root) if cfg.worker_start == "fork" else None
-        devices = slot_devices(cfg)
+        self.fork_server = (ForkServer(cfg.backend, self._run_root, self.cpu_split.compiles)
+                            if cfg.worker_start == "fork" else None)
         n_standby = cfg.standby_workers or default_standby(cfg.backend, len(devices), usable_cores(cfg.cpus))
-        threads = worker_threads(cfg.backend, len(devices), usable_cores(cfg.cpus))
+        threads = worker_threads(cfg.backend, len(devices), usable_cores(cfg.cpus), self.cpu_split)
         self._slots = [
             RunSlot(i, dev, n_standby, policy=self.policy, config=cfg, run_root=self._run_root,
-                    cache_dir=self.cache_dir, threads=threads, fork_server=self.fork_server)
+                    cache_dir=self.cache_dir, threads=threads, fork_server=self.fork_server,
+                    cpus=self.cpu_split.slot(i), standby_cpus=self.cpu_split.compiles)
             for i, dev in enumerate(devices)
         ]
 
@@ -325,10 +333,9 @@ def _defines_model_new(source: str) -> bool:
     return any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body)
 
 
-def _compile_workers(cfg: BenchConfig) -> int:
+def _compile_workers(cfg: BenchConfig, cores: int) -> int:
     if cfg.compile_workers > 0:
         return cfg.compile_workers
-    cores = usable_cores(cfg.cpus)
     try:
         mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / (1 << 30)
     except (ValueError, OSError):

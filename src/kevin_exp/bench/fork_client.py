@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from kevin_exp.bench.cpu_split import pin_process_tree
 from kevin_exp.bench.sandbox import python_env
 
 START_TIMEOUT_S = 180.0
@@ -63,8 +64,10 @@ class ForkedRunner:
 
 
 class ForkServer:
-    def __init__(self, backend: str, log_dir: Path) -> None:
-        self.backend = backend
+    def __init__(self, backend: str, log_dir: Path, cpus: frozenset[int] = frozenset()) -> None:
+        """``cpus``: where the server, and so every runner it forks, runs until a run slot takes the runner (the
+        compile cores, ``cpu_split``; empty: anywhere)."""
+        self.backend, self.cpus = backend, cpus
         self.log_path = log_dir / "fork-server.log"
         self.unusable = ""  # why runners start the exec way, once the server cannot serve
         self._lock = threading.Lock()  # one request on the socket at a time
@@ -92,6 +95,7 @@ class ForkServer:
                  "--backend", self.backend],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),), env=env,
                 start_new_session=True)
+        pin_process_tree(self._proc.pid, self.cpus)
         theirs.close()
         self._sock, self._dead, self._ready = ours, False, None
         threading.Thread(target=self._read, args=(ours,), daemon=True, name="kx-fork-server").start()

@@ -72,6 +72,7 @@ class RunOutcome:
     limits: dict[str, float] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)
     inputs: str = ""  # how the runner got each call's inputs: seeded (drew them from the call's seed) | region
+    cores: list[int] = field(default_factory=list)  # the run slot's own cores the run was on (empty: none reserved)
 
 
 def schedule(config: BenchConfig) -> list[str]:

@@ -10,8 +10,10 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Iterator
 
 from kevin_exp.bench.config import BenchConfig
+from kevin_exp.bench.cpu_split import CpuSplit, pin_thread
 from kevin_exp.bench.device_gate import DeviceGate
 from kevin_exp.bench.exchange import ALIGN, new_exchange_fd
 from kevin_exp.bench.fork_client import ForkServer
@@ -24,8 +26,13 @@ from kevin_exp.bench.worker_process import WorkerProcess
 class RunSlot:
     def __init__(self, index: int, device: str | None, n_standby: int, *, policy: SandboxPolicy,
                  config: BenchConfig, run_root: Path, cache_dir: Path, threads: int,
-                 fork_server: ForkServer | None = None) -> None:
+                 fork_server: ForkServer | None = None, cpus: frozenset[int] = frozenset(),
+                 standby_cpus: frozenset[int] = frozenset()) -> None:
+        """``cpus``: the slot's own cores (``cpu_split``; empty: none reserved): its reference process stays on
+        them, and the slot's thread and the runner join them for the run. Standby runners start on
+        ``standby_cpus`` (the compile cores)."""
         self.index, self.device, self.n_standby, self.fork_server = index, device, n_standby, fork_server
+        self.cpus, self.standby_cpus = cpus, standby_cpus
         self.policy, self.config, self.run_root, self.cache_dir, self.threads = (
             policy, config, run_root, cache_dir, threads)
         self.exchange_fd = new_exchange_fd(ALIGN)
@@ -49,6 +56,7 @@ class RunSlot:
         if self._reference is None:
             self._reference = ReferenceProcess(self.config.backend, self.exchange_fd, self.device, self.threads,
                                                self.config.max_output_bytes)
+            self._reference.pin(self.cpus)
         return self._reference
 
     def run(self, job: RunJob, seed: int | None = None, refresh_reference: bool = False) -> tuple[RunOutcome, float]:
@@ -60,10 +68,12 @@ class RunSlot:
         if self.config.backend == "cuda":
             self._top_up()  # the next ones start while this one runs (on CPU they would take the timed run's cores)
         t0 = time.monotonic()
-        outcome = run_protocol(ref, worker, self.exchange_fd, self.timings, job, self.config, seed, quiet=self._quiet,
-                               refresh_reference=refresh_reference,
-                               device_quiet=self.gate.quiet if self.gate is not None else contextlib.nullcontext)
+        with self._on_own_cores(worker):
+            outcome = run_protocol(ref, worker, self.exchange_fd, self.timings, job, self.config, seed,
+                                   quiet=self._quiet, refresh_reference=refresh_reference,
+                                   device_quiet=self.gate.quiet if self.gate is not None else contextlib.nullcontext)
         run_s = time.monotonic() - t0
+        outcome.cores = sorted(self.cpus)
         t1 = time.monotonic()
         self._retire(worker)
         if outcome.status == "reference_failed" and not ref.alive():
@@ -72,6 +82,21 @@ class RunSlot:
         # the slot's own time around the run (taking a runner, starting the next ones): diagnostics only
         outcome.phases.update(slot_take_s=round(t0 - t_take, 4), slot_after_s=round(time.monotonic() - t1, 4))
         return outcome, run_s
+
+    @contextlib.contextmanager
+    def _on_own_cores(self, worker: WorkerProcess) -> Iterator[None]:
+        """The run on the slot's cores: this thread (back where it was after, so runners it starts later start
+        elsewhere) and the runner (every thread of it)."""
+        if not self.cpus:
+            yield
+            return
+        before = os.sched_getaffinity(0)
+        pin_thread(self.cpus)
+        worker.pin(self.cpus)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, before)
 
     def _quiet(self) -> None:
         """Before the reference is timed: let the standby runners finish starting (they would take its cores)."""
@@ -112,6 +137,12 @@ class RunSlot:
             self._standby.append(self._spawn())
 
     def _spawn(self) -> WorkerProcess:
+        worker = self._start_worker()
+        if self.cpus and not worker.forked:  # (forked ones start where the fork server runs: the compile cores)
+            worker.pin(self.standby_cpus)
+        return worker
+
+    def _start_worker(self) -> WorkerProcess:
         cfg = self.config
         return WorkerProcess(
             self.policy,
@@ -168,6 +199,11 @@ def default_standby(backend: str, n_slots: int, cores: int) -> int:
     return max(2, min(8, cores // (2 * max(1, n_slots))))
 
 
-def worker_threads(backend: str, n_slots: int, cores: int) -> int:
-    """Torch threads per worker: the cores shared by the cpu slots; 0 (torch's default) on cuda."""
-    return max(1, cores // n_slots) if backend == "cpu" else 0
+def worker_threads(backend: str, n_slots: int, cores: int, split: CpuSplit | None = None) -> int:
+    """Torch threads per worker: on cpu the slot's own cores where it has some, else the cores shared by the
+    slots; 0 (torch's default) on cuda."""
+    if backend != "cpu":
+        return 0
+    if split is not None and split.active:
+        return len(split.slot(0))
+    return max(1, cores // n_slots)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kevin_exp.bench.cpu_split import pin_process_tree
 from kevin_exp.bench.fork_client import ForkedRunner, ForkServer
 from kevin_exp.bench.sandbox import SandboxPolicy, namespace_cmd, python_env
 from kevin_exp.bench.uid_lease import UidLease
@@ -111,6 +112,10 @@ def _session_rss_bytes(sid: int) -> int:
 
 class ChildProcess:
     """A child in its own session, with a request pipe (its stdin) and a reply pipe (``--reply-fd``)."""
+
+    def pin(self, cpus: frozenset[int]) -> None:
+        """Every thread of the child (and of its children) onto ``cpus`` (``cpu_split``; empty: left as is)."""
+        pin_process_tree(self.proc.pid, cpus)
 
     def __init__(self, cmd: list[str], env: dict[str, str], reply_write_fd: int, reply_read_fd: int,
                  pass_fds: tuple[int, ...], memory_limit_bytes: int, max_output_bytes: int, cwd: Path | None = None,
