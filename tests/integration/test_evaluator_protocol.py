@@ -10,6 +10,10 @@ from kevin_exp.bench.evaluator import EvalItem, Evaluator
 from tests.conftest import fixture_text
 
 RELU = fixture_text("problem_relu.py")
+# every draw differs from the one before it, whatever the seed (a clock's value could repeat): no seed
+# determines its inputs, so they go through the shared region
+DRIFTING = RELU.replace("def get_inputs():\n    return [torch.randn(M, N)]",
+                        "DRAWS = [0]\n\n\ndef get_inputs():\n    DRAWS[0] += 1\n    return [torch.randn(M, N) + DRAWS[0]]")
 # the attacks run at import time or in Python: with the static rules that would refuse them off, what stops
 # them is the design
 OPEN_RULES = CheckRules(no_timing_patch=False, no_torch_compute=False, restrict_imports=False)
@@ -93,11 +97,8 @@ def test_the_runner_draws_each_calls_inputs_from_its_seed_and_must_draw_the_eval
 
 
 def test_inputs_that_a_seed_does_not_determine_go_through_the_shared_region(evaluator):
-    # every draw differs from the one before it, whatever the seed (a clock's value could repeat)
-    drifting = RELU.replace("def get_inputs():\n    return [torch.randn(M, N)]",
-                            "DRAWS = [0]\n\n\ndef get_inputs():\n    DRAWS[0] += 1\n    return [torch.randn(M, N) + DRAWS[0]]")
-    assert drifting != RELU
-    [v] = evaluator.evaluate([EvalItem("drifting", drifting, fixture_text("cpu", "ok.py"))])
+    assert DRIFTING != RELU
+    [v] = evaluator.evaluate([EvalItem("drifting", DRIFTING, fixture_text("cpu", "ok.py"))])
     assert v.status is Status.OK and v.extra["inputs"] == "region", v.reason
     assert v.extra["checked_calls"] == 3 + 2 + 30 + 1
 
@@ -139,8 +140,9 @@ def test_a_too_good_speedup_is_retimed_and_an_honest_one_stays_ok(build_cache):
     assert v.speedup == pytest.approx(v.ref_runtime_ms / v.runtime_ms)
 
 
-def wrong_on(call: int) -> EvalItem:
-    return EvalItem(f"wrong_on_{call}", RELU, fixture_text("cpu", "wrong_on_call.py").replace("WRONG_CALL", str(call)))
+def wrong_on(call: int, reference: str = RELU) -> EvalItem:
+    return EvalItem(f"wrong_on_{call}", reference,
+                    fixture_text("cpu", "wrong_on_call.py").replace("WRONG_CALL", str(call)))
 
 
 # 3 checks (calls 0-2), 2 warm-ups (3-4), 30 timed (5-34), the check after timing (35)
@@ -156,13 +158,57 @@ def test_a_wrong_output_on_any_single_call_is_caught_on_that_call(evaluator, cal
 
 
 def test_calls_in_chunks_are_each_checked_once_across_chunk_boundaries(build_cache):
-    """Inputs and expected outputs in chunks of 4 calls (8 MiB per call at the cpu size): the last call of a
-    chunk is checked before the next chunk replaces the reference's trials."""
+    """Inputs through the shared region are prepared in chunks, here of 4 calls (8 MiB per call at the cpu size):
+    the last call of a chunk is checked before the next chunk replaces the reference's trials."""
     config = BenchConfig(backend="cpu", timed_trials=30, warmup_trials=2, correctness_trials=3, cache_dir=build_cache,
                          rules=OPEN_RULES, recheck_speedup=1e9, chunk_bytes=32 << 20)
     with Evaluator(config) as ev:
-        honest, last_of_first, last_of_second = ev.evaluate([item("ok"), wrong_on(3), wrong_on(7)])
-    assert honest.status is Status.OK, honest.reason
+        honest, last_of_first, last_of_second = ev.evaluate(
+            [EvalItem("ok", DRIFTING, fixture_text("cpu", "ok.py")), wrong_on(3, DRIFTING), wrong_on(7, DRIFTING)])
+    assert honest.status is Status.OK and honest.extra["inputs"] == "region", honest.reason
     assert honest.extra["checked_calls"] == 3 + 2 + 30 + 1 and honest.correctness_trials == 4
     assert last_of_first.status is Status.INCORRECT and "warm-up call 1" in last_of_first.reason, last_of_first.reason
     assert last_of_second.status is Status.INCORRECT and "timed call 3 " in last_of_second.reason, last_of_second.reason
+
+
+def test_no_reference_work_is_outstanding_while_a_call_runs(build_cache, monkeypatch):
+    """Seeded calls: the reference process computes call i+1's expected output while the runner stages it, and
+    checks call i; "go" is sent only once everything asked of the reference is answered, save a sampled check
+    (host work only). Every message the parent exchanges with both processes is logged."""
+    from kevin_exp.bench import worker_process
+
+    log: list[tuple[str, str, str, bool]] = []  # (process, send | recv, op, a sampled check)
+    send, recv = worker_process.ChildProcess.send, worker_process.ChildProcess.recv
+
+    def who(proc) -> str:
+        return "R" if type(proc).__name__ == "ReferenceProcess" else "W"
+
+    def logged_send(proc, message):
+        log.append((who(proc), "send", str(message.get("op")), message.get("sample") is not None))
+        return send(proc, message)
+
+    def logged_recv(proc, deadline):
+        reply = recv(proc, deadline)
+        log.append((who(proc), "recv", str(reply.get("op")) if isinstance(reply, dict) else "ended", False))
+        return reply
+
+    monkeypatch.setattr(worker_process.ChildProcess, "send", logged_send)
+    monkeypatch.setattr(worker_process.ChildProcess, "recv", logged_recv)
+    config = BenchConfig(backend="cpu", timed_trials=10, warmup_trials=2, correctness_trials=3, cache_dir=build_cache,
+                         rules=OPEN_RULES, recheck_speedup=1e9)
+    with Evaluator(config) as ev:
+        [v] = ev.evaluate([item("ok")])
+    assert v.status is Status.OK and v.extra["inputs"] == "seeded", v.reason
+    outstanding: list[tuple[str, bool]] = []  # the reference's requests not yet answered, in order
+    gos = expects = 0
+    for process, direction, op, sampled in log:
+        if process == "R" and direction == "send":
+            outstanding.append((op, sampled))
+            expects += op == "expect"
+        elif process == "R" and direction == "recv" and op != "ready":
+            outstanding.pop(0)
+        elif process == "W" and direction == "send" and op == "go":
+            gos += 1
+            assert all(o == "check" and s for o, s in outstanding), outstanding
+    assert gos == 20 + 3 + 2 + 10 + 1  # calibration, then every call
+    assert expects == gos  # each call's expected output, computed one call at a time
