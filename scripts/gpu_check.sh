@@ -2,7 +2,7 @@
 # Run on a GPU machine (the image already has torch, numpy, ninja, pytest): GPU tests and GPU benchmarks.
 # Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [STAGES] [test paths / pytest args...]
 # STAGE_ARGS-style knobs: BENCH_ARGS, BENCH128_ARGS, TRACE_ARGS, TRAIN_ARGS, TRAIN_CLI, MFU_ARGS, GENERATION_ARGS, STEP_ARGS, MULTIGPU_ARGS
-# STAGES: comma-separated contention,cost,bench,bench128,trace,tests,adversarial,fidelity,train,mfu,generation,step,multigpu,
+# STAGES: comma-separated contention,cost,bench,bench128,trace,beside,tests,adversarial,fidelity,train,mfu,generation,step,multigpu,
 # compare,compile
 # (default all, in that order),
 # e.g. bash scripts/gpu_check.sh cost,bench
@@ -52,6 +52,9 @@ if has bench128; then  # a training step evaluates hundreds (8 tasks x 16 trajec
 fi
 if has trace; then  # one run stage, message by message: where a candidate's time on the GPU slot goes
   timeout ${LIMIT_TRACE:-240} $py benchmarks/run_trace.py --backend cuda ${TRACE_ARGS:-} 2>&1 | tee "$out/trace.txt"
+fi
+if has beside; then  # a run stage beside a busy Python thread in the evaluator's process (the pipeline's generation)
+  timeout ${LIMIT_BESIDE:-180} $py benchmarks/run_beside_python.py --backend cuda 2>&1 | tee "$out/beside.txt"
 fi
 if has tests; then
   $py -m kevin_exp.bench --reference tests/fixtures/problem_relu.py --candidate tests/fixtures/cuda/ok.py --backend cuda --json 2>&1 | tee "$out/cli-verdict.json"

@@ -285,3 +285,33 @@ def reported_cores(feedback: str) -> set[int]:
     found = re.search(r"cores:((?: \d+;)+)", feedback)
     assert found, feedback
     return {int(c) for c in re.findall(r"\d+", found.group(1))}
+
+
+def test_a_run_hands_the_gil_over_promptly_and_puts_the_interval_back(evaluator):
+    """While a run is in progress the interpreter's switch interval is 0.2 ms (a busy Python thread beside the
+    run, such as the policy generating, would otherwise hold each of the run's replies up to 5 ms); before and
+    after, it is what it was."""
+    import sys
+    import threading
+
+    from kevin_exp.bench.gil_handoff import RUN_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(sys.getswitchinterval())
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        [v] = evaluator.evaluate([item("ok")])
+    finally:
+        done.set()
+        watcher.join()
+    assert v.status is Status.OK, v.reason
+    assert before > RUN_SWITCH_INTERVAL_S and min(seen) == pytest.approx(RUN_SWITCH_INTERVAL_S)
+    assert sys.getswitchinterval() == before

@@ -17,6 +17,7 @@ from kevin_exp.bench.cpu_split import CpuSplit, pin_thread
 from kevin_exp.bench.device_gate import DeviceGate
 from kevin_exp.bench.exchange import ALIGN, new_exchange_fd
 from kevin_exp.bench.fork_client import ForkServer
+from kevin_exp.bench.gil_handoff import prompt_handoff
 from kevin_exp.bench.protocol import RunJob, RunOutcome, run_protocol
 from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceProcess, ReferenceTimings
 from kevin_exp.bench.sandbox import SandboxPolicy
@@ -68,7 +69,7 @@ class RunSlot:
         if self.config.backend == "cuda":
             self._top_up()  # the next ones start while this one runs (on CPU they would take the timed run's cores)
         t0 = time.monotonic()
-        with self._on_own_cores(worker):
+        with self._on_own_cores(worker), prompt_handoff():
             outcome = run_protocol(ref, worker, self.exchange_fd, self.timings, job, self.config, seed,
                                    quiet=self._quiet, refresh_reference=refresh_reference,
                                    device_quiet=self.gate.quiet if self.gate is not None else contextlib.nullcontext)
