@@ -26,6 +26,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -108,6 +109,27 @@ class MixedScript(ScriptedGenerator):
             torch.cuda.synchronize()
 
 
+class ProgressEnv(KernelEnv):
+    """Prints every 32nd result as it lands, with the median run stage so far: a step cut short by its limit
+    keeps how far its evaluation got."""
+
+    def __init__(self, evaluator: Evaluator, label: str) -> None:
+        super().__init__(evaluator, ScoreWeights())
+        self.label, self.t0, self.runs, self.n = label, time.perf_counter(), [], 0
+        self.lock = threading.Lock()
+
+    def _result(self, p, verdict):
+        with self.lock:
+            self.n += 1
+            if verdict is not None and verdict.run_s:
+                self.runs.append(verdict.run_s)
+            if self.n % 32 == 0:
+                median = sorted(self.runs)[len(self.runs) // 2] if self.runs else 0.0
+                print(f"  {self.label}: {self.n} results at {time.perf_counter() - self.t0:.1f} s "
+                      f"(median run stage {median:.2f} s)", flush=True)
+        return super()._result(p, verdict)
+
+
 def one_step(args: argparse.Namespace, schedule: str, policy: Policy, tag: str) -> dict:
     tasks = [p for p in load_builtin() if p.solution(args.backend)][: args.tasks]
     shares = {k: float(v) for k, v in (kv.split("=") for kv in args.shares.split(","))}
@@ -116,7 +138,7 @@ def one_step(args: argparse.Namespace, schedule: str, policy: Policy, tag: str) 
     with tempfile.TemporaryDirectory(prefix="kx-step-") as cache:
         bench = BenchConfig(backend=args.backend, cache_dir=Path(cache), hang_floor_s=args.hang_floor_s,
                             hang_ceiling_s=max(args.hang_floor_s, 30.0), timed_trials=args.timed_trials)
-        env = KernelEnv(Evaluator(bench), ScoreWeights())
+        env = ProgressEnv(Evaluator(bench), schedule)
         learner = TorchLearner(policy.model, policy.tokenizer.pad_token_id, TrainerConfig(micro_batch_size=4),
                                AlgorithmConfig(), max_new_tokens=4096, total_steps=1, device=device)
         settings = RolloutSettings(args.trajectories, args.turns, max_new_tokens=4096, max_prompt_tokens=8192,
