@@ -35,13 +35,16 @@ def main() -> None:
     parser.add_argument("--clear-ref-cache", action="store_true", help="clear the reference-timing cache before each repeat")
     parser.add_argument("--cache-dir", type=Path, default=None, help="compile and reference-timing cache (default: a fresh one)")
     parser.add_argument("--timed-trials", type=int, default=BenchConfig.timed_trials)
+    parser.add_argument("--run-cores", type=int, default=-1, help="evaluator.run_cores (-1 auto, 0 none)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
     cache_dir = args.cache_dir or Path(tempfile.mkdtemp(prefix="kx-fidelity-"))
     problems = [p for p in load_builtin() if p.solution(args.backend)]
     items = [EvalItem(p.problem_id, p.source, p.solution(args.backend)) for p in problems]
-    config = BenchConfig(backend=args.backend, cache_dir=cache_dir, timed_trials=args.timed_trials)
+    config = BenchConfig(backend=args.backend, cache_dir=cache_dir, timed_trials=args.timed_trials,
+                         run_cores=args.run_cores)
+    print(f"run_cores={args.run_cores}", flush=True)
     speedups: dict[str, list[float]] = {p.problem_id: [] for p in problems}
     ref_ms: dict[str, list[float]] = {p.problem_id: [] for p in problems}
     # per repeat: which time the verdict used, the reported samples' spread, the run's stages (to see where the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on a GPU machine (the image already has torch, numpy, ninja, pytest): GPU tests and GPU benchmarks.
 # Logs go to $OUT (or ./gpu-logs). Usage: bash scripts/gpu_check.sh [STAGES] [test paths / pytest args...]
-# STAGE_ARGS-style knobs: BENCH_ARGS, BENCH128_ARGS, TRACE_ARGS, TRAIN_ARGS, TRAIN_CLI, MFU_ARGS, GENERATION_ARGS, STEP_ARGS, MULTIGPU_ARGS
+# STAGE_ARGS-style knobs: BENCH_ARGS, BENCH128_ARGS, FIDELITY_ARGS, FIDELITY2_ARGS, TRACE_ARGS, TRAIN_ARGS, TRAIN_CLI, MFU_ARGS, GENERATION_ARGS, STEP_ARGS, MULTIGPU_ARGS
 # STAGES: comma-separated contention,cost,bench,bench128,trace,beside,tests,adversarial,fidelity,train,mfu,generation,step,multigpu,
 # compare,compile
 # (default all, in that order),
@@ -66,7 +66,11 @@ if has adversarial; then  # the adversarial suite's cuda attacks
   timeout ${LIMIT_ADVERSARIAL:-300} $py -m pytest -rA -s -m gpu --durations=0 tests/adversarial 2>&1 | tee "$out/adversarial-gpu.txt"
 fi
 if has fidelity; then  # the same honest kernel evaluated 4 times: spread of its speedup, per built-in problem
-  timeout ${LIMIT_FIDELITY:-420} $py benchmarks/timing_fidelity.py --backend cuda --repeats 4 --out "$out/fidelity.json" 2>&1 | tee "$out/fidelity.txt"
+  timeout ${LIMIT_FIDELITY:-420} $py benchmarks/timing_fidelity.py --backend cuda --repeats 4 ${FIDELITY_ARGS:-} --out "$out/fidelity.json" 2>&1 | tee "$out/fidelity.txt"
+  # FIDELITY2_ARGS: a second run in the same call (e.g. --run-cores 0), to compare on one machine
+  if [[ -n ${FIDELITY2_ARGS:-} ]]; then
+    timeout ${LIMIT_FIDELITY2:-300} $py benchmarks/timing_fidelity.py --backend cuda --repeats 4 $FIDELITY2_ARGS --out "$out/fidelity2.json" 2>&1 | tee "$out/fidelity2.txt"
+  fi
 fi
 if has train; then
   # TRAIN_ARGS: pytest selection, e.g. TRAIN_ARGS="-k 05b"; TRAIN_CLI=0 skips the CLI run

@@ -3,10 +3,13 @@
 A run is a lockstep conversation between the slot's thread in the evaluator, the reference process and the
 runner: some 130 calls, each several messages from one process to the next. With compilers on every core, a
 run took about half as long again as on a quiet machine (H100 box: a median 0.98 s in a 128-candidate batch,
-0.67-0.76 s alone), most likely because each hand-over waits for a core. So each run slot gets ``run_cores`` cores (whole physical cores where the machine shows
-its hyperthread siblings, taken from the highest-numbered) on which its three processes run during a run, and
-the compilers run on the others. Standby runners start on the compile cores and join the slot's cores only
-when taken for a run, so their start-ups never take a run's cores.
+0.67-0.76 s alone), most likely because each hand-over waits for a core. So each run slot gets ``run_cores``
+cores (whole physical cores where the machine shows its hyperthread siblings, taken from the highest-numbered)
+on which the slot's thread and the runner run during a run, and the compilers run on the others. A timed call
+ends on the host (after a device-wide synchronise), so nothing else runs on those cores during one: on cuda the
+reference process, which checks a timed call while the runner makes the next, runs on the compile cores (on cpu
+it stays on the slot's cores, where it is timed as the candidate is). Standby runners start on the compile
+cores and join the slot's cores only when taken for a run, so their start-ups never take a run's cores.
 """
 from __future__ import annotations
 

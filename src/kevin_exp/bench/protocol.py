@@ -23,8 +23,8 @@ from typing import Any, Callable, ContextManager
 
 from kevin_exp.bench.config import BenchConfig
 from kevin_exp.bench.exchange import Layout, ensure_size, header_bytes, padded_bytes
-from kevin_exp.bench.trial_seeds import trial_seed
 from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceFailed, ReferenceProcess, ReferenceTimings
+from kevin_exp.bench.trial_seeds import trial_seed
 from kevin_exp.bench.worker_process import Ended, WorkerProcess
 
 REFERENCE_SLACK_S = 60.0  # a reference request's own limit, beyond the run's

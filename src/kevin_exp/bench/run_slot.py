@@ -29,9 +29,11 @@ class RunSlot:
                  config: BenchConfig, run_root: Path, cache_dir: Path, threads: int,
                  fork_server: ForkServer | None = None, cpus: frozenset[int] = frozenset(),
                  standby_cpus: frozenset[int] = frozenset()) -> None:
-        """``cpus``: the slot's own cores (``cpu_split``; empty: none reserved): its reference process stays on
-        them, and the slot's thread and the runner join them for the run. Standby runners start on
-        ``standby_cpus`` (the compile cores)."""
+        """``cpus``: the slot's own cores (``cpu_split``; empty: none reserved): the slot's thread and the runner
+        join them for the run, so nothing else runs there while a call is timed (the timed region ends on the
+        host, after a device-wide synchronise). Standby runners start on ``standby_cpus`` (the compile cores), and so
+        does the reference process run on cuda, where it checks a timed call while the runner makes the next; on
+        cpu it runs on the slot's cores, where it is timed as the candidate is."""
         self.index, self.device, self.n_standby, self.fork_server = index, device, n_standby, fork_server
         self.cpus, self.standby_cpus = cpus, standby_cpus
         self.policy, self.config, self.run_root, self.cache_dir, self.threads = (
@@ -57,7 +59,8 @@ class RunSlot:
         if self._reference is None:
             self._reference = ReferenceProcess(self.config.backend, self.exchange_fd, self.device, self.threads,
                                                self.config.max_output_bytes)
-            self._reference.pin(self.cpus)
+            # on cpu the reference is timed on the cores the candidate is timed on
+            self._reference.pin(self.cpus if self.config.backend == "cpu" else self.standby_cpus)
         return self._reference
 
     def run(self, job: RunJob, seed: int | None = None, refresh_reference: bool = False) -> tuple[RunOutcome, float]:
