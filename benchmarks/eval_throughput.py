@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--torch-n", type=int, default=0, help="also measure torch's default build path on this many")
     parser.add_argument("--standby", type=int, default=0, help="standby workers per run slot (0: the evaluator's default)")
-    parser.add_argument("--run-cores", default="-1",
+    parser.add_argument("--run-cores", default="0",
                         help="evaluator.run_cores, comma-separated for one run each (e.g. 0,-1: none reserved, then auto)")
     parser.add_argument("--worker-start", choices=("fork", "exec", "both"), default="fork",
                         help="how runners start (evaluator.worker_start); both: one run each way")

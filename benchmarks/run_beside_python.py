@@ -39,7 +39,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="kx-gil-") as cache:
         config = BenchConfig(backend=args.backend, cache_dir=Path(cache), recheck_speedup=1e9,
-                             run_cores=1 if args.backend == "cpu" else -1)
+                             run_cores=1 if args.backend == "cpu" else 2)
         with Evaluator(config) as ev:
             if not ev.cpu_split.active:
                 raise SystemExit("needs a machine where the run stage gets cores of its own (run_cores)")

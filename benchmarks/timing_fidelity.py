@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--clear-ref-cache", action="store_true", help="clear the reference-timing cache before each repeat")
     parser.add_argument("--cache-dir", type=Path, default=None, help="compile and reference-timing cache (default: a fresh one)")
     parser.add_argument("--timed-trials", type=int, default=BenchConfig.timed_trials)
-    parser.add_argument("--run-cores", type=int, default=-1, help="evaluator.run_cores (-1 auto, 0 none)")
+    parser.add_argument("--run-cores", type=int, default=0, help="evaluator.run_cores (0 none, -1 auto)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 

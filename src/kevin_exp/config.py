@@ -327,9 +327,10 @@ class EvaluatorConfig:
     # 0: from cores and memory / one run slot per GPU (cpu: 1)
     compile_workers: int = number(0, ge=0)
     run_slots: int = number(0, ge=0)
-    # cores of its own per run slot, kept free of compiles: -1 auto (2 per slot on cuda where the evaluator has
-    # the process's cores and at least 6 stay for compiles, else none), 0 none
-    run_cores: int = number(-1, ge=-1)
+    # cores of its own per run slot, kept free of compiles: 0 none (the default until its effect on timing
+    # fidelity is measured), -1 auto (2 per slot on cuda where the evaluator has the process's cores and at least
+    # 6 stay for compiles, else none)
+    run_cores: int = number(0, ge=-1)
     # warm sandboxed workers per run slot (0: cores / (2 x run slots), 2 to 8, on cuda; 1 on cpu)
     standby_workers: int = number(0, ge=0)
     # None: $KEVIN_EXP_CACHE or ~/.cache/kevin_exp (shared across runs on the machine)

@@ -172,9 +172,9 @@ def test_calls_in_chunks_are_each_checked_once_across_chunk_boundaries(build_cac
 
 
 def test_no_reference_work_is_outstanding_while_a_call_runs(build_cache, monkeypatch):
-    """Seeded calls: the reference process computes call i+1's expected output while the runner stages it, and
-    checks call i; "go" is sent only once everything asked of the reference is answered, save a sampled check
-    (host work only). Every message the parent exchanges with both processes is logged."""
+    """Seeded calls: the reference process checks call i while the runner stages call i+1; "go" is sent only once
+    everything asked of the reference is answered, save a sampled check (host work only). Every message the
+    parent exchanges with both processes is logged."""
     from kevin_exp.bench import worker_process
 
     log: list[tuple[str, str, str, bool]] = []  # (process, send | recv, op, a sampled check)
@@ -200,15 +200,13 @@ def test_no_reference_work_is_outstanding_while_a_call_runs(build_cache, monkeyp
         [v] = ev.evaluate([item("ok")])
     assert v.status is Status.OK and v.extra["inputs"] == "seeded", v.reason
     outstanding: list[tuple[str, bool]] = []  # the reference's requests not yet answered, in order
-    gos = expects = 0
+    gos = 0
     for process, direction, op, sampled in log:
         if process == "R" and direction == "send":
             outstanding.append((op, sampled))
-            expects += op == "expect"
         elif process == "R" and direction == "recv" and op != "ready":
             outstanding.pop(0)
         elif process == "W" and direction == "send" and op == "go":
             gos += 1
             assert all(o == "check" and s for o, s in outstanding), outstanding
     assert gos == 20 + 3 + 2 + 10 + 1  # calibration, then every call
-    assert expects == gos  # each call's expected output, computed one call at a time

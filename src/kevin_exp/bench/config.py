@@ -121,9 +121,10 @@ class BenchConfig:
     compile_workers: int = 0  # 0: from cores and memory
     cpus: int = 0  # cores the evaluator may use (0: all of the machine's)
     run_slots: int = 0  # 0: one per visible GPU (cuda) / 1 (cpu)
-    # cores of its own per run slot, kept free of compiles (bench/cpu_split.py); -1: auto (2 per slot on cuda
-    # where the evaluator has the process's cores and at least 6 stay for compiles, else none), 0: none
-    run_cores: int = -1
+    # cores of its own per run slot, kept free of compiles (bench/cpu_split.py); 0: none (the default until its
+    # effect on timing fidelity is measured); -1: auto (2 per slot on cuda where the evaluator has the process's
+    # cores and at least 6 stay for compiles, else none)
+    run_cores: int = 0
     # sandboxed workers kept starting per run slot while one runs (a cold start costs ~10 s on a GPU box, a
     # run ~1 s); 0: cores / (2 x run slots), 2 to 8 (cuda) / 1 (cpu, where starting workers would take
     # cores from the timed run)

@@ -3,13 +3,11 @@ candidate's runner (docs/hack_defences.md, "Where things run").
 
 Schedule of calls, each on fresh inputs drawn from a secret per-evaluation seed and each checked by the
 reference process: ``correctness_trials`` checked calls (allocator poisoned first), ``warmup_trials``,
-``timed_trials`` timed calls, then one more checked call drawn after all timing. Where a seed determines the
-inputs, the runner draws each call's from the call's seed while the reference process draws the same and
-computes the expected output; otherwise the reference prepares inputs and expected outputs in chunks bounded
-by bytes while the runner is idle. The runner sees one trial's inputs at a time. Every call has three phases
-(stage, go, collect: ``_Calls``), pipelined so that the reference checks call i while the runner stages call
-i+1; the parent's own clock brackets only "go", the call itself, and bounds the candidate's time from below
-(``verdict.timing_bound``); nothing else the slot started uses the device during "go".
+``timed_trials`` timed calls, then one more checked call drawn after all timing. The reference process
+prepares inputs and expected outputs in chunks bounded by bytes, only while the runner is idle; the runner
+sees one trial's inputs at a time. Every call has three phases (stage, go, collect: ``_Calls``), pipelined so that
+the reference checks call i while the runner stages call i+1; the parent's own clock brackets only "go", the call
+itself, and bounds the candidate's time from below (``verdict.timing_bound``).
 """
 from __future__ import annotations
 
@@ -24,7 +22,6 @@ from typing import Any, Callable, ContextManager
 from kevin_exp.bench.config import BenchConfig
 from kevin_exp.bench.exchange import Layout, ensure_size, header_bytes, padded_bytes
 from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceFailed, ReferenceProcess, ReferenceTimings
-from kevin_exp.bench.trial_seeds import trial_seed
 from kevin_exp.bench.worker_process import Ended, WorkerProcess
 
 REFERENCE_SLACK_S = 60.0  # a reference request's own limit, beyond the run's
@@ -179,8 +176,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
         lap("load_s")
 
         per_trial = max(1, header_bytes(prepared["input"]) + header_bytes(prepared["output"]))
-        # inputs through the region are prepared in chunks bounded by bytes; seeded ones a call at a time
-        chunk = len(kinds) if seeded else max(1, config.chunk_bytes // per_trial)
+        chunk = max(1, config.chunk_bytes // per_trial)
         calls = _Calls(outcome, ref, runner, layout, seeded, ref_limit, "trials", outcome.limits["trials_s"])
         busy_before, by_op_before = ref.busy_s, dict(ref.busy_by_op)
         checks = _TrialChecks(outcome, ref, runner, layout, config)
@@ -200,7 +196,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
             lap("trials_s")
             outcome.phases.update({k: round(v, 4) for k, v in calls.busy.items()})
             outcome.phases["trials_reference_busy_s"] = round(ref.busy_s - busy_before, 4)
-            for op in ("chunk", "expect", "check"):
+            for op in ("chunk", "check"):
                 outcome.phases[f"trials_reference_{op}_s"] = round(ref.busy_by_op.get(op, 0.0) - by_op_before.get(op, 0.0), 4)
             runner.send({"op": "end"})
             reply = runner.recv(time.monotonic() + max(5.0, calls.budget_s - calls.spent))
@@ -258,8 +254,7 @@ class _Calls:
     positions drawn from a seed sent now, after the time was reported; reply "done").
 
     Pipelined where inputs are seeded: "collect" of call i and "trial" of call i+1 are sent together, and while
-    the runner stages call i+1 the reference process draws the same inputs and computes call i+1's expected
-    output ("expect", answered once its device work is done), then checks call i (``checks``). A check that uses the device
+    the runner stages call i+1 the reference process checks call i (``checks``). A check that uses the device
     (a checked call's whole output and inputs) is answered before "go" of call i+1, so nothing else runs on the
     device during a call; a sampled check (timed and warm-up calls) runs on the host alone and is answered once
     call i+1 has run (before "collect" of call i+1 rewrites the region it reads), so it costs the calls nothing.
@@ -271,7 +266,7 @@ class _Calls:
         self.outcome, self.ref, self.runner, self.layout = outcome, ref, runner, layout
         self.seeded, self.ref_limit, self.phase, self.budget_s = seeded, ref_limit, phase, budget_s
         self.spent = 0.0  # the runner's time on its calls, against ``budget_s``
-        self.secret = 0  # the evaluation's secret seed (``chunk``): each seeded call's input seed derives from it
+        self.staged: dict[str, dict[str, Any]] = {}
         self.samples: dict[int, int] = {}  # timed calls' sample seeds, drawn with their chunk
         self.ran: _Ran | None = None
         # where the calls' time went, as the runner reports it (a diagnostic only: nothing is decided on it)
@@ -283,28 +278,26 @@ class _Calls:
             self.busy[key] += ms / 1e3
 
     def chunk(self, secret: int, start: int, kinds: list[str], limit: float) -> None:
-        """Calls [start, start + len(kinds)) come next. A timed or warm-up call's output is checked at positions
-        drawn from a seed drawn now: the reference keeps only the expected values there, and the runner learns
-        the seed when it is asked for them, after the call has reported its time. Inputs written to the region:
-        the reference draws them all now and computes their expected outputs, while the runner is idle. Seeded
-        inputs: each call's are drawn by the reference while the runner stages the call (``run``)."""
+        """The reference draws the inputs of calls [start, start + len(kinds)) and computes their expected outputs
+        (with seeded inputs, also each call's seed and fingerprint). A timed or warm-up call's output is checked at
+        positions drawn from a seed drawn now: the reference keeps only the expected values there, and the runner
+        learns the seed when it is asked for them, after the call has reported its time."""
         assert self.ran is None
         self.samples = {start + k: secrets.randbits(63) for k, kind in enumerate(kinds) if kind in SAMPLED_KINDS}
-        self.secret = secret
-        if not self.seeded:
-            self.ref.call({"op": "chunk", "secret": secret, "start": start, "count": len(kinds),
-                           "samples": {str(i): seed for i, seed in self.samples.items()}}, limit)
+        reply = self.ref.call({"op": "chunk", "secret": secret, "start": start, "count": len(kinds), "seeded": self.seeded,
+                               "samples": {str(i): seed for i, seed in self.samples.items()}}, limit)
+        self.staged = (reply.get("staged") or {}) if self.seeded else {}
 
     def run(self, i: int, kind: str, make_request: Callable[[dict[str, Any]], dict[str, Any]], checks: "_Checks") -> bool:
         """Stage and make call ``i`` (``make_request`` turns the reference's stage into the runner's request),
         collecting and checking the call before it on the way. False when the run ended (``outcome`` says why)."""
         if self.seeded:
-            staged: dict[str, Any] = {"seed": trial_seed(self.secret, i)}
+            staged = self.staged.pop(str(i))
         else:
             if not self.settle(checks):
                 return False
             staged = self.ref.call({"op": "stage", "i": i, "layout": self.layout.to_json()}, self.ref_limit)
-        request = make_request(staged)
+        request, drawn = make_request(staged), staged.get("fingerprint")
         t0 = time.monotonic()
         deadline = t0 + self.budget_s - self.spent
         before, self.ran = self.ran, None
@@ -312,7 +305,6 @@ class _Calls:
         if before is not None:
             self.runner.send(self._collect(before))
         self.runner.send(request)
-        drawn = self._expect(i) if self.seeded else None
         if before is not None:
             self.outcome.trial = before.i
             done = self.runner.recv(deadline)
@@ -336,16 +328,6 @@ class _Calls:
         self.ran = _Ran(i, kind, went[0], went[1], self.samples.pop(i) if kind in SAMPLED_KINDS else None)
         self.spent += time.monotonic() - t0
         return True
-
-    def _expect(self, i: int) -> Any:
-        """The reference draws call ``i``'s inputs and computes its expected output while the runner stages the
-        call (both off the clock: "go" waits for both); the inputs' fingerprint, which the runner's must match."""
-        asked = {"op": "expect", "secret": self.secret, "i": i, "sample": self.samples.get(i)}
-        self.ref.ask(asked)
-        reply = self.ref.answer(asked, self.ref_limit)
-        if reply.get("i") != i:
-            raise ReferenceFailed(f"the reference process answered call {reply.get('i')} for call {i}")
-        return reply.get("fingerprint")
 
     def _go(self, i: int, ready: dict[str, Any] | Ended, drawn: Any, deadline: float) -> tuple[Any, float] | None:
         """Call ``i``, staged (``ready``): "go", and the runner's own time with the parent's, from "go" to "ran"

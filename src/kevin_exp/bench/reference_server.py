@@ -24,14 +24,19 @@ import torch
 
 from kevin_exp.bench.config import Tolerance
 from kevin_exp.bench.exchange import HeaderError, Layout, Region, describe, mismatch, read_values, validate, write_values
-from kevin_exp.bench.sampling import fingerprint, sampled_on_host
-from kevin_exp.bench.trial_seeds import trial_seed
+from kevin_exp.bench.sampling import fingerprint_lazy, resolve_fingerprint, sampled_on_host
 from kevin_exp.bench.worker.comparison import Comparison, compare_outputs, same_values
 from kevin_exp.bench.worker.reference import load_reference, make_inputs
 from kevin_exp.bench.worker.tensors import clone_values, device_name, synchronize
 from kevin_exp.bench.worker.timing import CacheFlusher, Timer
 
 KEEP_PROBLEMS = 4
+
+
+def trial_seed(secret: int, index: int) -> int:
+    """Trial ``index``'s input seed, derived from the evaluation's secret seed."""
+    digest = hashlib.sha256(f"{secret}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 class _Tolerances:
@@ -123,45 +128,33 @@ class Server:
         return {"op": "timed", "ms": samples}
 
     def op_chunk(self, r: dict[str, Any]) -> dict[str, Any]:
-        """Inputs and expected outputs of trials [start, start + count), drawn from the secret seed, for inputs
-        written to the region (``op_stage``); prepared while the runner is idle. Trials in ``samples`` (trial ->
-        sample seed) are checked only at sampled positions: for them only the expected values there are kept, in
-        host memory, so their check needs no device work."""
+        """Inputs and expected outputs of trials [start, start + count), drawn from the secret seed. With
+        ``seeded``, also each trial's seed and input fingerprint for the runner, so no call needs its own request.
+        Trials in ``samples`` (trial -> sample seed) are checked only at sampled positions: for them only the
+        expected values there are kept, in host memory, so their check needs no device work."""
         self.secret = int(r["secret"])
         self.trials = {}
         samples = {int(k): int(v) for k, v in (r.get("samples") or {}).items()}
+        staged: dict[str, Any] = {}
         to_sample: dict[int, Any] = {}
         with torch.no_grad():
             for i in range(int(r["start"]), int(r["start"]) + int(r["count"])):
                 inputs = self.problem.inputs(trial_seed(self.secret, i))
                 expected = self.problem.model(*clone_values(inputs))
+                if r.get("seeded"):  # the runner draws each call's inputs from its seed; the fingerprint must match
+                    staged[str(i)] = {"seed": trial_seed(self.secret, i), "fingerprint": fingerprint_lazy(list(inputs))}
                 if i in samples:  # (its inputs are kept only to be written to the region)
-                    self.trials[i] = (inputs, _Sampled(describe(expected), []))
+                    self.trials[i] = (None if r.get("seeded") else inputs, _Sampled(describe(expected), []))
                     to_sample[i] = expected
                 else:
                     self.trials[i] = (inputs, expected)
             for i, want in zip(to_sample, sampled_on_host(list(to_sample.values()), [samples[i] for i in to_sample])):
                 self.trials[i][1].want = want
         synchronize(self.device)
-        return {"op": "chunked"}
-
-    def op_expect(self, r: dict[str, Any]) -> dict[str, Any]:
-        """One seeded call, asked while the runner draws the same inputs from the call's seed (``trial_seeds``)
-        and stages them: the inputs and the expected output, kept for the call's check (with ``sample``, a timed
-        or warm-up call's: only the expected values at the positions drawn from it, in host memory); the reply,
-        the inputs' fingerprint, comes once the device is idle again, and the parent starts the call only then."""
-        self.secret, i = int(r["secret"]), int(r["i"])
-        inputs = self.problem.inputs(trial_seed(self.secret, i))
-        with torch.no_grad():
-            expected = self.problem.model(*clone_values(inputs))
-        drawn = fingerprint(list(inputs))
-        if r.get("sample") is not None:
-            [want] = sampled_on_host([expected], [int(r["sample"])])
-            self.trials[i] = (None, _Sampled(describe(expected), want))
-        else:
-            self.trials[i] = (inputs, expected)
-        synchronize(self.device)
-        return {"op": "expected", "i": i, "fingerprint": drawn}
+        reply: dict[str, Any] = {"op": "chunked"}
+        if r.get("seeded"):
+            reply["staged"] = {k: {**v, "fingerprint": resolve_fingerprint(v["fingerprint"])} for k, v in staged.items()}
+        return reply
 
     def op_stage(self, r: dict[str, Any]) -> dict[str, Any]:
         """One call's inputs for the runner, written to the region (inputs a seed does not determine; seeded ones

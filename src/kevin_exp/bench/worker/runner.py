@@ -1,8 +1,8 @@
 """The candidate's runner: load the candidate, construct ``ModelNew``, then serve trials in lockstep with the
 parent. Every call has three phases, each a request and a reply: ``trial`` (the inputs, fresh every call, are
-copied from the shared region to the device or drawn from the call's seed; reply ``ready``), ``go`` (a timed
-call flushes the cache, then runs forward under the op guard between the timer's start and its end after a
-device-wide synchronise; reply ``ran`` with the time, at once) and ``collect`` (checks on the finished call, then the
+copied from the shared region to the device, the cache flushed before a timed call; reply ``ready``), ``go``
+(forward under the op guard; a timed call between the timer's start and its end after a device-wide
+synchronise; reply ``ran`` with the time, at once) and ``collect`` (checks on the finished call, then the
 outputs and the inputs as they were after the call written to the region; reply ``done``). The parent's own
 clock brackets only ``go``. Calibration calls, made before any candidate code is loaded, take the same three
 phases with a stand-in. The runner judges nothing: the trusted reference process checks every call's outputs
@@ -160,8 +160,8 @@ class Harness:
         return make
 
     def stage(self, request: dict[str, Any], make: Callable[[list[Any]], Call]) -> dict[str, Any]:
-        """Phase 1: the call's inputs copied in (host -> device on cuda) or drawn from its seed, the allocator
-        poisoned on checked calls, the device idle; then "ready"."""
+        """Phase 1: the call's inputs copied in (host -> device on cuda), the allocator poisoned on checked calls,
+        the cache flushed before timed ones, the device idle; then "ready"."""
         inputs, drawn = self.inputs_for(request)
         if not isinstance(inputs, list):
             raise Rejected("crashed", "evaluator error: inputs must be a list")
@@ -169,6 +169,9 @@ class Harness:
         if request.get("poison") and self.expected_output is not None:
             poison_allocator(self.expected_output, self.device)
         synchronize(self.device)
+        if call.timed:
+            self.flusher.flush()
+            synchronize(self.device)
         self.pending = call
         ready: dict[str, Any] = {"op": "ready", "i": call.i}
         if drawn is not None:
@@ -176,14 +179,10 @@ class Harness:
         return ready
 
     def go(self) -> dict[str, Any]:
-        """Phase 2, the one the parent's clock brackets: timed calls flush the cache first (calibration calls do
-        too, so the parent's overhead estimate includes it), then the call (timed calls: the timer runs and the
-        device is synchronised device-wide inside it), then at once the reported time."""
+        """Phase 2, the one the parent's clock brackets: the call (timed calls: the timer runs and the device is
+        synchronised device-wide inside it), then at once the reported time."""
         call = self.pending
         assert call is not None
-        if call.timed:  # here, not while staging: the reference process may use the device while the runner stages
-            self.flusher.flush()
-            synchronize(self.device)
         call.ms, call.out = call.run()
         return {"op": "ran", "i": call.i, "ms": call.ms}
 
