@@ -1,13 +1,16 @@
 """Distinct correct candidates fully evaluated per minute (cold compile + checks + timing).
 
-    python benchmarks/eval_throughput.py --backend cuda --n 32 [--torch-n 8] [--standby K]
+    python benchmarks/eval_throughput.py --backend cuda --n 32 [--torch-n 8] [--standby K] [--run-cores 0,-1]
+        [--compile-workers 0,8]
 
 Candidates are the built-in suite's reference solutions, each made distinct by a unique comment so
 nothing is served from the compile cache. Each run uses a fresh cache directory, so the one-time
 precompiled-header build is included in the fast path's wall time and reported separately. With
 ``--torch-n`` the same is measured for torch's default ``load_inline`` build path. "worker wait" is the
 part of a run stage spent waiting for a standby worker to finish starting (the phase ``runner_ready_s``): when
-it dominates, worker start-up bounds throughput, not compiles or the GPU.
+it dominates, worker start-up bounds throughput, not compiles or the GPU. "run stage busy" is the share of the
+time from the first verdict to the last in which the run slot was running a candidate: near 100% the serial run
+stage bounds throughput, well below it the compiles do.
 """
 from __future__ import annotations
 
@@ -46,14 +49,16 @@ def median_phases(verdicts: list[Verdict]) -> dict[str, float]:
     return {k: round(sorted(p.get(k, 0.0) for p in phases)[len(phases) // 2], 3) for k in names}
 
 
-def run(backend: str, n: int, mode: str, tag: str, standby: int, worker_start: str = "fork", run_cores: int = -1) -> dict:
+def run(backend: str, n: int, mode: str, tag: str, standby: int, worker_start: str = "fork", run_cores: int = -1,
+        compile_workers: int = 0) -> dict:
     with tempfile.TemporaryDirectory(prefix="kx-throughput-") as cache:
         config = BenchConfig(backend=backend, build_mode=mode, cache_dir=Path(cache), standby_workers=standby,
-                             worker_start=worker_start, run_cores=run_cores)
+                             worker_start=worker_start, run_cores=run_cores, compile_workers=compile_workers)
         with Evaluator(config) as ev:
             runners = ev.fork_server.describe() if ev.fork_server is not None else "exec"
             cores = ev.cpu_split.describe()
-            print(f"{mode}, run_cores={run_cores}: {cores}", flush=True)
+            workers = ev._compile_pool._max_workers
+            print(f"{mode}, run_cores={run_cores}, compile workers {workers}: {cores}", flush=True)
             n_standby = ev._slots[0].n_standby
             t0 = time.perf_counter()
             ev.builder.warm()
@@ -77,7 +82,11 @@ def run(backend: str, n: int, mode: str, tag: str, standby: int, worker_start: s
         "mode": mode,
         "runners": runners,
         "run_cores": run_cores,
+        "compile_workers": workers,
         "cores": cores,
+        "first_s": landed[0] if landed else 0.0,
+        # the run stages' sum over the time from the first run's start to the last verdict (one slot)
+        "busy_share": sum(v.run_s for v in verdicts) / (landed[-1] - landed[0] + done[0].run_s) if len(landed) > 1 else 0.0,
         # the rate once the pipeline is full: verdicts after the first 16 over the time they took
         "steady_per_min": 60.0 * (len(landed) - 16) / (landed[-1] - landed[15]) if len(landed) > 17 else 0.0,
         "n": n,
@@ -103,24 +112,27 @@ def main() -> None:
     parser.add_argument("--standby", type=int, default=0, help="standby workers per run slot (0: the evaluator's default)")
     parser.add_argument("--run-cores", default="0",
                         help="evaluator.run_cores, comma-separated for one run each (e.g. 0,-1: none reserved, then auto)")
+    parser.add_argument("--compile-workers", default="0",
+                        help="evaluator.compile_workers, comma-separated for one run each (0: the evaluator's default)")
     parser.add_argument("--worker-start", choices=("fork", "exec", "both"), default="fork",
                         help="how runners start (evaluator.worker_start); both: one run each way")
     args = parser.parse_args()
     tag = f"{time.time_ns()}"
     ways = ["exec", "fork"] if args.worker_start == "both" else [args.worker_start]
-    rows = [run(args.backend, args.n, "fast", f"{tag}{how}{rc}", args.standby, how, int(rc))
-            for rc in args.run_cores.split(",") for how in ways]
+    rows = [run(args.backend, args.n, "fast", f"{tag}{how}{rc}w{cw}", args.standby, how, int(rc), int(cw))
+            for cw in args.compile_workers.split(",") for rc in args.run_cores.split(",") for how in ways]
     if args.torch_n:
         rows.append(run(args.backend, args.torch_n, "torch", tag + "t", args.standby, ways[-1]))
-    print("| backend | build path | runners start by | run_cores | standby workers | candidates | ok | one-time warm-up s "
-          "| wall s | correct candidates / min | after the first 16, / min | median compile s | median run s "
-          "| median worker wait s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| backend | build path | runners start by | run_cores | compile workers | standby workers | candidates | ok "
+          "| one-time warm-up s | wall s | correct candidates / min | after the first 16, / min | first verdict s "
+          "| run stage busy | median compile s | median run s | median worker wait s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {args.backend} | {r['mode']} | {r['runners']} | {r['run_cores']} | {r['standby']} | {r['n']} | {r['ok']} | "
-            f"{r['warm_s']:.1f} | {r['wall_s']:.1f} | {r['per_min']:.1f} | {r['steady_per_min']:.1f} | "
-            f"{r['median_compile_s']:.1f} | {r['median_run_s']:.2f} | {r['median_wait_s']:.2f} |"
+            f"| {args.backend} | {r['mode']} | {r['runners']} | {r['run_cores']} | {r['compile_workers']} | {r['standby']} | "
+            f"{r['n']} | {r['ok']} | {r['warm_s']:.1f} | {r['wall_s']:.1f} | {r['per_min']:.1f} | {r['steady_per_min']:.1f} | "
+            f"{r['first_s']:.1f} | {100 * r['busy_share']:.0f}% | {r['median_compile_s']:.1f} | {r['median_run_s']:.2f} | "
+            f"{r['median_wait_s']:.2f} |"
         )
     for r in rows:
         print(f"{r['mode']}, run_cores={r['run_cores']}: {r['cores']}")

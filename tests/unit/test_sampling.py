@@ -73,3 +73,11 @@ def test_sampling_many_outputs_at_once_gives_what_sampling_each_gives_in_host_me
                 assert g.device.type == "cpu" and g.dtype == w.dtype and torch.equal(g, w.cpu())
             else:
                 assert g == w
+
+
+def test_many_fingerprints_resolved_together_equal_each_resolved_alone():
+    from kevin_exp.bench.sampling import fingerprint_lazy, resolve_fingerprints
+
+    calls = [[torch.randn(50, 7), 3], [torch.arange(10), torch.ones(3, dtype=torch.float16), None], [2.5]]
+    assert resolve_fingerprints([fingerprint_lazy(c) for c in calls]) == [fingerprint(c) for c in calls]
+    assert resolve_fingerprints([]) == []

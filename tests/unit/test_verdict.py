@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kevin_exp.bench.config import BenchConfig
-from kevin_exp.bench.protocol import RunOutcome, schedule, trial_limit_s
+from kevin_exp.bench.protocol import RunOutcome, chunk_plan, schedule, trial_limit_s
 from kevin_exp.bench.verdict import (
     Status,
     TimingStats,
@@ -177,6 +177,24 @@ def test_the_trial_limit_scales_with_the_reference_between_floor_and_ceiling():
     assert trial_limit_s(0.01, n, config) == pytest.approx(15.0 + 20 * 0.01e-3 * n)
     assert trial_limit_s(10.0, n, config) == pytest.approx(15.0 + 20 * 1.11)
     assert trial_limit_s(1000.0, n, config) == 120.0
+
+
+def test_chunks_hold_what_the_reference_keeps_within_chunk_bytes():
+    kinds = schedule(BenchConfig(correctness_trials=5, warmup_trials=5, timed_trials=100))
+    mib = 1 << 20
+    # seeded: warm-up and timed calls keep only sampled values in host memory, so they share one chunk with the
+    # checked calls around them; a checked call keeps inputs and outputs (2 x 256 MiB here: two per GiB)
+    plan = chunk_plan(kinds, True, 256 * mib, 256 * mib, 1024 * mib)
+    assert plan == {0: 2, 2: 2, 4: 107}
+    # through the region every call keeps its inputs: 4 per GiB once the checked calls are done
+    plan = chunk_plan(kinds, False, 256 * mib, 256 * mib, 1024 * mib)
+    assert list(plan.items())[:4] == [(0, 2), (2, 2), (4, 3), (7, 4)] and len(plan) == 4 + 26
+    for seeded in (True, False):
+        for size in (1, 100 * mib, 5000 * mib):  # every call in exactly one chunk, even one larger than the bound
+            plan = chunk_plan(kinds, seeded, size, size, 1024 * mib)
+            covered = [i for start, n in plan.items() for i in range(start, start + n)]
+            assert covered == list(range(len(kinds))) and all(n >= 1 for n in plan.values())
+    assert chunk_plan(kinds, True, mib, mib, 1024 * mib) == {0: 111}
 
 
 def test_make_verdict_uses_the_reason_as_feedback_and_trims_it():

@@ -80,6 +80,27 @@ def schedule(config: BenchConfig) -> list[str]:
     return ["check"] * config.correctness_trials + ["warmup"] * config.warmup_trials + ["timed"] * config.timed_trials + ["check"]
 
 
+def chunk_plan(kinds: list[str], seeded: bool, input_bytes: int, output_bytes: int, chunk_bytes: int) -> dict[int, int]:
+    """Where each chunk starts, and how many calls it prepares: consecutive calls while what the reference keeps
+    for them stays within ``chunk_bytes`` (at least one call per chunk). A checked call keeps its inputs and its
+    whole expected output on the device; a sampled call keeps only the expected values at its sampled positions,
+    in host memory, plus its inputs where they go through the region (seeded ones are drawn again by the
+    runner). So seeded warm-up and timed calls need one chunk between them, not one every few calls: each chunk
+    is a wait for the runner, and the call before it is collected and checked on its own first."""
+    starts: dict[int, int] = {}
+    start, kept = 0, 0
+    for i, kind in enumerate(kinds):
+        need = input_bytes if kind in SAMPLED_KINDS and not seeded else 0 if kind in SAMPLED_KINDS \
+            else input_bytes + output_bytes
+        if i > start and kept + need > chunk_bytes:
+            starts[start] = i - start
+            start, kept = i, 0
+        kept += need
+    if kinds:
+        starts[start] = len(kinds) - start
+    return starts
+
+
 def trial_limit_s(ref_median_ms: float, n_calls: int, config: BenchConfig) -> float:
     """The trial phase's deadline: scales with the reference's time for the whole protocol, within [floor, ceiling]."""
     expected_s = ref_median_ms / 1e3 * n_calls
@@ -175,17 +196,17 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
             return outcome
         lap("load_s")
 
-        per_trial = max(1, header_bytes(prepared["input"]) + header_bytes(prepared["output"]))
-        chunk = max(1, config.chunk_bytes // per_trial)
+        starts = chunk_plan(kinds, seeded, header_bytes(prepared["input"]), header_bytes(prepared["output"]),
+                            config.chunk_bytes)
         calls = _Calls(outcome, ref, runner, layout, seeded, ref_limit, "trials", outcome.limits["trials_s"])
         busy_before, by_op_before = ref.busy_s, dict(ref.busy_by_op)
         checks = _TrialChecks(outcome, ref, runner, layout, config)
         try:
             for i, kind in enumerate(kinds):
-                if i % chunk == 0:
+                if i in starts:
                     if not calls.settle(checks):  # the chunk replaces the reference's trials: none may be unchecked
                         return outcome
-                    calls.chunk(secret, i, kinds[i:i + chunk], ref_limit + config.hang_ceiling_s)
+                    calls.chunk(secret, i, kinds[i:i + starts[i]], ref_limit + config.hang_ceiling_s)
                 timed = kind == "timed"
                 checked = kind == "check"  # on these calls the runner also sends its inputs back, to be compared
                 if not calls.run(i, kind, lambda staged: {"op": "trial", "i": i, **_inputs(staged), "timed": timed,

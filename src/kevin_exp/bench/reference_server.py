@@ -24,7 +24,7 @@ import torch
 
 from kevin_exp.bench.config import Tolerance
 from kevin_exp.bench.exchange import HeaderError, Layout, Region, describe, mismatch, read_values, validate, write_values
-from kevin_exp.bench.sampling import fingerprint_lazy, resolve_fingerprint, sampled_on_host
+from kevin_exp.bench.sampling import fingerprint_lazy, resolve_fingerprints, sampled, to_host
 from kevin_exp.bench.worker.comparison import Comparison, compare_outputs, same_values
 from kevin_exp.bench.worker.reference import load_reference, make_inputs
 from kevin_exp.bench.worker.tensors import clone_values, device_name, synchronize
@@ -131,7 +131,8 @@ class Server:
         """Inputs and expected outputs of trials [start, start + count), drawn from the secret seed. With
         ``seeded``, also each trial's seed and input fingerprint for the runner, so no call needs its own request.
         Trials in ``samples`` (trial -> sample seed) are checked only at sampled positions: for them only the
-        expected values there are kept, in host memory, so their check needs no device work."""
+        expected values there are kept (taken as each output is made, then brought to host memory together), so
+        their check needs no device work and a chunk of them holds no whole outputs."""
         self.secret = int(r["secret"])
         self.trials = {}
         samples = {int(k): int(v) for k, v in (r.get("samples") or {}).items()}
@@ -145,15 +146,17 @@ class Server:
                     staged[str(i)] = {"seed": trial_seed(self.secret, i), "fingerprint": fingerprint_lazy(list(inputs))}
                 if i in samples:  # (its inputs are kept only to be written to the region)
                     self.trials[i] = (None if r.get("seeded") else inputs, _Sampled(describe(expected), []))
-                    to_sample[i] = expected
+                    to_sample[i] = sampled(expected, samples[i])
                 else:
                     self.trials[i] = (inputs, expected)
-            for i, want in zip(to_sample, sampled_on_host(list(to_sample.values()), [samples[i] for i in to_sample])):
+                del inputs, expected
+            for i, want in zip(to_sample, to_host(list(to_sample.values()))):
                 self.trials[i][1].want = want
         synchronize(self.device)
         reply: dict[str, Any] = {"op": "chunked"}
         if r.get("seeded"):
-            reply["staged"] = {k: {**v, "fingerprint": resolve_fingerprint(v["fingerprint"])} for k, v in staged.items()}
+            prints = resolve_fingerprints([v["fingerprint"] for v in staged.values()])
+            reply["staged"] = {k: {**v, "fingerprint": fp} for (k, v), fp in zip(staged.items(), prints)}
         return reply
 
     def op_stage(self, r: dict[str, Any]) -> dict[str, Any]:

@@ -43,7 +43,18 @@ def fingerprint_lazy(values: Any) -> list[Any]:
 
 
 def resolve_fingerprint(lazy: list[Any]) -> list[Any]:
-    return [[e[0], e[1], int(e[2])] if isinstance(e, list) and isinstance(e[2], torch.Tensor) else e for e in lazy]
+    return resolve_fingerprints([lazy])[0]
+
+
+def resolve_fingerprints(lazies: list[list[Any]]) -> list[list[Any]]:
+    """Many ``fingerprint_lazy`` results resolved with one wait per device (one copy of all their sums)."""
+    sums = [e[2] for lazy in lazies for e in lazy if isinstance(e, list) and isinstance(e[2], torch.Tensor)]
+    values: dict[int, int] = {}
+    for device in {t.device for t in sums}:
+        mine = [t for t in sums if t.device == device]
+        values.update(zip(map(id, mine), torch.stack(mine).tolist()))
+    return [[[e[0], e[1], values[id(e[2])]] if isinstance(e, list) and isinstance(e[2], torch.Tensor) else e
+             for e in lazy] for lazy in lazies]
 
 
 def leaves(values: Any) -> list[Any]:
@@ -76,25 +87,22 @@ def sampled(values: Any, seed: int) -> list[Any]:
 
 
 def sampled_on_host(outputs: list[Any], seeds: list[int]) -> list[list[Any]]:
-    """``sampled`` of many outputs (one seed each), in host memory: all positions go to each device in one copy and
-    all sampled values come back in one, where a call at a time would wait on the device twice per call."""
-    picks: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []  # (output, leaf, tensor, host positions)
-    out: list[list[Any]] = []
-    for k, (values, seed) in enumerate(zip(outputs, seeds)):
-        row: list[Any] = []
-        for j, v in enumerate(leaves(values)):
-            if isinstance(v, torch.Tensor):
-                _plain(v)
-                picks.append((k, len(row), v, positions(v.numel(), seed, j)))
-            row.append(v)
-        out.append(row)
-    for device in {v.device for _, _, v, _ in picks}:
+    """``sampled`` of many outputs (one seed each), in host memory (``to_host``)."""
+    return to_host([sampled(values, seed) for values, seed in zip(outputs, seeds)])
+
+
+def to_host(rows: list[list[Any]]) -> list[list[Any]]:
+    """Rows of ``sampled`` values (1-D tensors on any device, numbers) in host memory: each device's tensors come
+    back in one copy, where a copy per tensor would wait on the device each time. A caller that samples each
+    output as it is made keeps only the sampled values on the device, never the outputs."""
+    picks = [(k, j, v) for k, row in enumerate(rows) for j, v in enumerate(row) if isinstance(v, torch.Tensor)]
+    out = [list(row) for row in rows]
+    for device in {v.device for *_, v in picks}:
         mine = [p for p in picks if p[2].device == device]
-        where = torch.cat([pos for *_, pos in mine]).to(device).split([len(pos) for *_, pos in mine])
-        raw = torch.cat([v.detach().reshape(-1)[w].view(torch.uint8) for (_, _, v, _), w in zip(mine, where)]).cpu()
+        raw = torch.cat([v.detach().reshape(-1).view(torch.uint8) for *_, v in mine]).cpu()
         at = 0
-        for k, j, v, pos in mine:
-            n = len(pos) * v.element_size()
+        for k, j, v in mine:
+            n = v.numel() * v.element_size()
             out[k][j] = raw[at:at + n].clone().view(v.dtype)  # a copy of its own: aligned for its dtype
             at += n
     return out

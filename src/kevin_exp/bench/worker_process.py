@@ -9,14 +9,16 @@ A reply is parsed as JSON and nothing else: whatever the child writes is data to
 from __future__ import annotations
 
 import json
+import math
 import os
-import queue
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,40 +60,63 @@ class _BoundedReader(threading.Thread):
                 del self.tail[: len(self.tail) - self.keep]
 
 
-class _LineReader(threading.Thread):
-    """Splits the reply pipe into lines, each with the monotonic time its last bytes were read (the parent's
-    outside clock stops there, not when its own thread gets round to the line); a line over
-    ``MAX_REPLY_BYTES`` or an unterminated tail is garbage."""
+class _ReplyPipe:
+    """The reply pipe, read by the thread that waits for a reply: no reader thread in between, whose hand-over of
+    each line (one more thread to wake, on a busy machine one more wait for a core) every message of a run would
+    pay. Each line carries the monotonic time its last bytes were read (the parent's outside clock stops there);
+    a line over ``MAX_REPLY_BYTES`` or an unterminated tail is garbage."""
+
+    EMPTY = (b"", 0.0)
 
     def __init__(self, fd: int) -> None:
-        super().__init__(daemon=True)
         self.fd = fd
-        self.lines: queue.Queue[tuple[bytes, float] | None] = queue.Queue()
+        self.buf = bytearray()
+        self.lines: deque[tuple[bytes, float] | None] = deque()
+        self.lock = threading.Lock()
+        self.poller = select.poll()
+        self.poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
 
-    def run(self) -> None:
-        buf = bytearray()
+    def get(self, timeout_s: float) -> tuple[bytes, float] | None:
+        """The next line, ``EMPTY`` when none came within ``timeout_s``, None once the child closed the pipe."""
+        with self.lock:
+            if not self.lines and self.fd >= 0 and self.poller.poll(max(0, math.ceil(timeout_s * 1e3))):
+                self._read()
+            if self.lines:
+                return self.lines.popleft()
+            return None if self.fd < 0 else self.EMPTY
+
+    def _read(self) -> None:
+        try:
+            chunk = os.read(self.fd, 1 << 16)
+        except OSError:
+            chunk = b""
+        now = time.monotonic()
+        if not chunk:
+            if self.buf:
+                self.lines.append((bytes(self.buf[:MAX_REPLY_BYTES]) + b"\x00", now))  # unterminated: never valid JSON
+            self.lines.append(None)
+            self._close()
+            return
+        self.buf += chunk
         while True:
-            try:
-                chunk = os.read(self.fd, 1 << 16)
-            except OSError:
-                chunk = b""
-            now = time.monotonic()
-            if not chunk:
-                if buf:
-                    self.lines.put((bytes(buf[:MAX_REPLY_BYTES]) + b"\x00", now))  # unterminated: never valid JSON
-                self.lines.put(None)
-                os.close(self.fd)
-                return
-            buf += chunk
-            while True:
-                nl = buf.find(b"\n")
-                if nl < 0:
-                    break
-                self.lines.put((bytes(buf[:nl]), now))
-                del buf[: nl + 1]
-            if len(buf) > MAX_REPLY_BYTES:
-                self.lines.put((b"\x00", now))
-                buf.clear()
+            nl = self.buf.find(b"\n")
+            if nl < 0:
+                break
+            self.lines.append((bytes(self.buf[:nl]), now))
+            del self.buf[: nl + 1]
+        if len(self.buf) > MAX_REPLY_BYTES:
+            self.lines.append((b"\x00", now))
+            self.buf.clear()
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            self.poller.unregister(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+
+    def close(self) -> None:
+        with self.lock:
+            self._close()
 
 
 def _session_rss_bytes(sid: int) -> int:
@@ -128,8 +153,7 @@ class ChildProcess:
         os.close(reply_write_fd)
         self._output = _BoundedReader(self.proc.stdout, max_output_bytes)
         self._output.start()
-        self._replies = _LineReader(reply_read_fd)
-        self._replies.start()
+        self._replies = _ReplyPipe(reply_read_fd)
         self._eof = False
         self.started_at = time.monotonic()
         self.reply_at = 0.0  # when the last reply ``recv`` returned arrived (monotonic)
@@ -149,10 +173,7 @@ class ChildProcess:
         next_rss_check = time.monotonic() + 0.2
         while True:
             if not self._eof:
-                try:
-                    item = self._replies.lines.get(timeout=0.02)
-                except queue.Empty:
-                    item = (b"", 0.0)
+                item = self._replies.get(0.02)
                 line = None if item is None else item[0]
                 if line is None:
                     self._eof = True
@@ -233,6 +254,7 @@ class ChildProcess:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        self._replies.close()
         self._cleanup()
 
     def _cleanup(self) -> None:
