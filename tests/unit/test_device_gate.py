@@ -91,3 +91,53 @@ def test_a_runner_stuck_in_its_start_up_delays_a_run_only_up_to_the_limit(tmp_pa
     finally:
         os.close(fd)
         gate.close()
+
+
+HARNESS_WATCH = """
+import os, sys
+import kevin_exp.bench.worker.runner as runner
+
+made = runner.warm_harness
+
+
+def watched(*args, **kwargs):
+    # this process's shared lock on the gate, as /proc/locks lists it ("1: FLOCK ADVISORY READ <pid> ...")
+    held = any(f[1:4] == ["FLOCK", "ADVISORY", "READ"] and f[4] == str(os.getpid()) for f in map(str.split, open("/proc/locks")))
+    print("harness made under the gate:", held, flush=True)
+    return made(*args, **kwargs)
+
+
+runner.warm_harness = watched
+from kevin_exp.bench.worker.entry import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_standby_runner_makes_its_harness_under_the_gate(tmp_path):
+    """A runner's start-up does all its device work under the gate: on cuda CUDA's start and warm-up kernels, and
+    the harness (the flush buffer, the exchange mapped and page-locked), which must never happen beside a timed
+    call. The same start-up path runs on the cpu backend; here it reports whether it held the gate then."""
+    from kevin_exp.bench.exchange import new_exchange_fd
+
+    gate = DeviceGate(tmp_path / "gate", wait_s=30.0)
+    exchange = new_exchange_fd(1 << 20)
+    read_fd, write_fd = os.pipe()
+    gate_fd = gate.runner_fd()
+    runner = subprocess.Popen([sys.executable, "-c", HARNESS_WATCH, "--reply-fd", str(write_fd), "--exchange-fd",
+                               str(exchange), "--backend", "cpu", "--workdir", str(tmp_path / "work"),
+                               "--device-gate-fd", str(gate_fd)],
+                              pass_fds=(write_fd, exchange, gate_fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        for fd in (write_fd, gate_fd):
+            os.close(fd)
+        assert runner.stdout.readline().strip() == "harness made under the gate: True"
+        assert select.select([read_fd], [], [], 120)[0] and b'"op": "ready"' in os.read(read_fd, 1 << 16)
+        with gate.quiet() as waited:  # and it let go before saying ready
+            assert waited < 1.0
+    finally:
+        runner.kill()
+        runner.wait()
+        for fd in (read_fd, exchange):
+            os.close(fd)
+        gate.close()

@@ -47,27 +47,28 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     import torch.utils.cpp_extension  # noqa: F401  (the candidate's load_inline call imports it: ~0.2-0.3 s)
 
+    from kevin_exp.bench.device_gate import starting_on_the_device
+    from kevin_exp.bench.runtime_guard import block_torch_compute
     from kevin_exp.bench.worker.runner import serve, warm_harness
 
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.ones(1 << 16).sum()  # a parallel op starts the intra-op thread pool before new threads are forbidden
-    if args.backend == "cuda":
-        _start_cuda(args.device_gate_fd)
-    elif args.device_gate_fd >= 0:
-        os.close(args.device_gate_fd)
-    # The guard's first entry, and an op under it, happen here rather than in the candidate's first forward.
-    from kevin_exp.bench.runtime_guard import block_torch_compute
-
-    with block_torch_compute():
-        torch.empty(1, device="cuda" if args.backend == "cuda" else "cpu")
+    # Everything this start-up does on the device (CUDA's start, warm-up kernels, the guard's first op, the harness's
+    # buffers and page-locked exchange) happens under the device gate: never while a candidate is timed there.
+    with starting_on_the_device(args.device_gate_fd):
+        if args.backend == "cuda":
+            _start_cuda()
+        # The guard's first entry, and an op under it, happen here rather than in the candidate's first forward.
+        with block_torch_compute():
+            torch.empty(1, device="cuda" if args.backend == "cuda" else "cpu")
+        harness = None if args.probe else warm_harness(args.exchange_fd, args.backend)
     if args.probe:
         import getpass
 
         replies.write(json.dumps({"probe": "ok", "uid": os.getuid(), "user": getpass.getuser()}))
         replies.close()
         os._exit(0)
-    harness = warm_harness(args.exchange_fd, args.backend)
     if args.forbid_new_tasks:
         from kevin_exp.bench.seccomp import forbid_new_tasks
 
@@ -81,26 +82,22 @@ def main(argv: list[str] | None = None) -> None:
     os._exit(0)
 
 
-def _start_cuda(gate_fd: int) -> None:
+def _start_cuda() -> None:
     """CUDA up, and what a run does on the GPU done once, so that whatever the driver starts lazily starts before
     new tasks are forbidden: a kernel, copies both ways, events and a device-wide sync. Also the harness's own
     kernels (drawing inputs, their fingerprint, sampled outputs): CUDA loads each kernel on its first use, which
-    would otherwise fall on the run's first calls. Under the device gate: never while a candidate is being timed
-    on this GPU."""
+    would otherwise fall on the run's first calls. Called under the device gate."""
     import torch
 
-    from kevin_exp.bench.device_gate import starting_on_the_device
+    from kevin_exp.bench.sampling import fingerprint, sampled
+    from kevin_exp.bench.worker.timing import CacheFlusher, Timer
 
-    with starting_on_the_device(gate_fd):
-        torch.cuda.init()
-        from kevin_exp.bench.sampling import fingerprint, sampled
-        from kevin_exp.bench.worker.timing import CacheFlusher, Timer
-
-        x = torch.ones(1 << 16).to("cuda")
-        CacheFlusher(torch.device("cuda")).flush()
-        Timer(torch.device("cuda"))(lambda: x.add(1))
-        x.cpu()
-        drawn = [torch.randn(1 << 16, device="cuda"), torch.rand(1 << 16, device="cuda"),
-                 torch.randint(0, 1 << 10, (1 << 16,), device="cuda"), torch.zeros(1 << 16, device="cuda")]
-        fingerprint(drawn)
-        [v.cpu() for v in sampled(drawn, 1)]
+    torch.cuda.init()
+    x = torch.ones(1 << 16).to("cuda")
+    CacheFlusher(torch.device("cuda")).flush()
+    Timer(torch.device("cuda"))(lambda: x.add(1))
+    x.cpu()
+    drawn = [torch.randn(1 << 16, device="cuda"), torch.rand(1 << 16, device="cuda"),
+             torch.randint(0, 1 << 10, (1 << 16,), device="cuda"), torch.zeros(1 << 16, device="cuda")]
+    fingerprint(drawn)
+    [v.cpu() for v in sampled(drawn, 1)]
