@@ -117,6 +117,7 @@ def run(backend: str, n: int, mode: str, tag: str, standby: int, worker_start: s
         "median_wait_s": sorted(worker_wait_s(v) for v in verdicts)[len(verdicts) // 2],
         "median_phases_s": median_phases(verdicts),
         "by_problem": by_problem(verdicts),
+        "slowest": [(v.problem_id, v.run_s, v.extra.get("phases") or {}) for v in sorted(verdicts, key=lambda v: -v.run_s)[:5]],
         "failures": {v.problem_id: v.reason for v in verdicts if v.status is not Status.OK},
     }
 
@@ -162,6 +163,10 @@ def main() -> None:
         for problem, row in r["by_problem"].items():
             print(f"| {problem} | {row['n']} | {row['run_s']:.2f} | {row['reference_s']:.3f} | {row['device_quiet_wait_s']:.3f} "
                   f"| {row['calibrate_s']:.3f} | {row['trials_s']:.3f} | {row['again']} |")
+    for r in rows:
+        print(f"\n{r['mode']}, run_cores={r['run_cores']}, compile workers {r['compile_workers']}: the slowest runs")
+        for problem, run_s, phases in r["slowest"]:
+            print(f"  {problem}: {run_s:.2f} s {phases}")
     for r in rows:
         if r["failures"]:
             print(f"\n{r['mode']} failures: {r['failures']}")
