@@ -76,3 +76,14 @@ def test_pin_process_tree_moves_every_thread_of_a_child_and_its_child():
         subprocess.run(["pkill", "-P", str(child.pid)])
         child.kill()
         child.wait()
+
+
+def test_builds_at_a_time_half_the_cores_on_cuda_one_per_core_on_cpu_within_memory():
+    from kevin_exp.bench.evaluator import default_compile_workers
+
+    assert default_compile_workers("cuda", 16, 128.0) == 8  # nvcc's two front ends run side by side
+    assert default_compile_workers("cuda", 14, 128.0) == 7
+    assert default_compile_workers("cpu", 2, 24.0) == 2
+    assert default_compile_workers("cuda", 16, 7.0) == 2  # 3 GB a cuda build
+    assert default_compile_workers("cpu", 16, 4.0) == 2  # 1.5 GB a cpu build
+    assert default_compile_workers("cuda", 1, 0.5) == 1  # never none

@@ -118,7 +118,7 @@ class BenchConfig:
     max_output_bytes: int = 1 << 20
     feedback_chars: int = 2000
     max_source_bytes: int = 512 * 1024
-    compile_workers: int = 0  # 0: from cores and memory
+    compile_workers: int = 0  # 0: half the cores on cuda, one per core on cpu, within memory
     cpus: int = 0  # cores the evaluator may use (0: all of the machine's)
     run_slots: int = 0  # 0: one per visible GPU (cuda) / 1 (cpu)
     # cores of its own per run slot, kept free of compiles (bench/cpu_split.py); 0: none (the default until its

@@ -340,8 +340,17 @@ def _compile_workers(cfg: BenchConfig, cores: int) -> int:
         mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / (1 << 30)
     except (ValueError, OSError):
         mem_gb = 8.0
-    per_build_gb = 3.0 if cfg.backend == "cuda" else 1.5  # measured peak RSS of one build
-    return max(1, min(cores, int(mem_gb // per_build_gb)))
+    return default_compile_workers(cfg.backend, cores, mem_gb)
+
+
+def default_compile_workers(backend: str, cores: int, mem_gb: float) -> int:
+    """Builds at a time (``evaluator.compile_workers=0``): on cuda half the compile cores, since a build runs
+    nvcc's host and device front ends side by side (on a 16-core H100 box, 14 builds at a time took 17 s each
+    and the first verdict of a batch came at 17 s; 8 at a time, 10 s each and 11 s, for the same throughput:
+    docs/benchmarks.md); on cpu one per core; never more than memory holds (measured peak RSS of a build)."""
+    per_build_gb = 3.0 if backend == "cuda" else 1.5
+    wanted = cores // 2 if backend == "cuda" else cores
+    return max(1, min(wanted, int(mem_gb // per_build_gb)))
 
 
 def evaluate_in_session(session: Any, items: Sequence[EvalItem], on_verdict: Callable[[Verdict], None] | None,
