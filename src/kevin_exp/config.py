@@ -324,11 +324,11 @@ class EvaluatorConfig:
     forbid_new_tasks: bool = True
     memory_limit_gb: float = number(8.0, gt=0)
     feedback_chars: int = number(2000, ge=0)
-    # 0: from cores and memory / one run slot per GPU (cpu: 1)
+    # 0: half the compile cores on cuda, one per core on cpu, within memory / one run slot per GPU (cpu: 1)
     compile_workers: int = number(0, ge=0)
     run_slots: int = number(0, ge=0)
-    # cores of its own per run slot, kept free of compiles: 0 none (the default until its effect on timing
-    # fidelity is measured), -1 auto (2 per slot on cuda where the evaluator has the process's cores and at least
+    # cores of its own per run slot, kept free of compiles: 0 none (the default: on the H100 box it gave no
+    # throughput, docs/benchmarks.md), -1 auto (2 per slot on cuda where the evaluator has the process's cores and at least
     # 6 stay for compiles, else none)
     run_cores: int = number(0, ge=-1)
     # warm sandboxed workers per run slot (0: cores / (2 x run slots), 2 to 8, on cuda; 1 on cpu)

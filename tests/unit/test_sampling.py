@@ -59,13 +59,13 @@ def test_sampling_refuses_what_the_full_output_path_refuses():
 
 
 def test_sampling_many_outputs_at_once_gives_what_sampling_each_gives_in_host_memory():
-    from kevin_exp.bench.sampling import sampled_on_host
+    from kevin_exp.bench.sampling import to_host
 
     # mixed dtypes and sizes, so one output's bytes end where the next one's dtype is not aligned
     outputs = [torch.randn(100, 100), (torch.randn(3).half(), torch.arange(10, dtype=torch.float64), 5),
                torch.randint(0, 9, (5000,)), [torch.ones(2, dtype=torch.bool)]]
     seeds = [1, 2, 3, 4]
-    for output, seed, got in zip(outputs, seeds, sampled_on_host(outputs, seeds)):
+    for output, seed, got in zip(outputs, seeds, to_host([sampled(o, s) for o, s in zip(outputs, seeds)])):
         want = sampled(output, seed)
         assert len(got) == len(want)
         for g, w in zip(got, want):

@@ -121,8 +121,8 @@ class BenchConfig:
     compile_workers: int = 0  # 0: half the cores on cuda, one per core on cpu, within memory
     cpus: int = 0  # cores the evaluator may use (0: all of the machine's)
     run_slots: int = 0  # 0: one per visible GPU (cuda) / 1 (cpu)
-    # cores of its own per run slot, kept free of compiles (bench/cpu_split.py); 0: none (the default until its
-    # effect on timing fidelity is measured); -1: auto (2 per slot on cuda where the evaluator has the process's
+    # cores of its own per run slot, kept free of compiles (bench/cpu_split.py); 0: none (the default: on the H100
+    # box it gave no throughput); -1: auto (2 per slot on cuda where the evaluator has the process's
     # cores and at least 6 stay for compiles, else none)
     run_cores: int = 0
     # sandboxed workers kept starting per run slot while one runs (a cold start costs ~10 s on a GPU box, a

@@ -86,11 +86,6 @@ def sampled(values: Any, seed: int) -> list[Any]:
     return out
 
 
-def sampled_on_host(outputs: list[Any], seeds: list[int]) -> list[list[Any]]:
-    """``sampled`` of many outputs (one seed each), in host memory (``to_host``)."""
-    return to_host([sampled(values, seed) for values, seed in zip(outputs, seeds)])
-
-
 def to_host(rows: list[list[Any]]) -> list[list[Any]]:
     """Rows of ``sampled`` values (1-D tensors on any device, numbers) in host memory: each device's tensors come
     back in one copy, where a copy per tensor would wait on the device each time. A caller that samples each
