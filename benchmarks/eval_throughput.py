@@ -10,7 +10,9 @@ precompiled-header build is included in the fast path's wall time and reported s
 part of a run stage spent waiting for a standby worker to finish starting (the phase ``runner_ready_s``): when
 it dominates, worker start-up bounds throughput, not compiles or the GPU. "run stage busy" is the share of the
 time from the first verdict to the last in which the run slot was running a candidate: near 100% the serial run
-stage bounds throughput, well below it the compiles do.
+stage bounds throughput, well below it the compiles do. "box CPU busy" is the share of all cores' time that was
+busy over the run (from /proc/stat): near 100% the cores bound it; ``compile_capacity.py`` gives the builds per
+minute the box manages alone.
 """
 from __future__ import annotations
 
@@ -36,6 +38,14 @@ def distinct_items(backend: str, n: int, tag: str) -> list[EvalItem]:
             source = source.replace('"""\n', '"""\n' + marker, 1)
         items.append(EvalItem(f"{p.problem_id}#{k}", p.source, source))
     return items
+
+
+def box_cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot, from the first line of /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
 
 
 def worker_wait_s(v: Verdict) -> float:
@@ -80,6 +90,7 @@ def run(backend: str, n: int, mode: str, tag: str, standby: int, worker_start: s
             ev.builder.warm()
             warm_s = time.perf_counter() - t0
             items = distinct_items(backend, n, tag)
+            busy0, total0 = box_cpu_times()
             t1 = time.perf_counter()
             done, landed = [], []
 
@@ -91,6 +102,7 @@ def run(backend: str, n: int, mode: str, tag: str, standby: int, worker_start: s
 
             verdicts = ev.evaluate(items, on_verdict=progress)
             wall = time.perf_counter() - t1
+            busy1, total1 = box_cpu_times()
     counts = Counter(v.status.value for v in verdicts)
     ok = counts.get(Status.OK.value, 0)
     compile_s = sorted(v.compile_s for v in verdicts if v.compile_s)
@@ -105,6 +117,7 @@ def run(backend: str, n: int, mode: str, tag: str, standby: int, worker_start: s
         "busy_share": sum(v.run_s for v in verdicts) / (landed[-1] - landed[0] + done[0].run_s) if len(landed) > 1 else 0.0,
         # the rate once the pipeline is full: verdicts after the first 16 over the time they took
         "steady_per_min": 60.0 * (len(landed) - 16) / (landed[-1] - landed[15]) if len(landed) > 17 else 0.0,
+        "box_busy": (busy1 - busy0) / max(1, total1 - total0),
         "n": n,
         "standby": n_standby,
         "ok": ok,
@@ -143,13 +156,14 @@ def main() -> None:
         rows.append(run(args.backend, args.torch_n, "torch", tag + "t", args.standby, ways[-1]))
     print("| backend | build path | runners start by | run_cores | compile workers | standby workers | candidates | ok "
           "| one-time warm-up s | wall s | correct candidates / min | after the first 16, / min | first verdict s "
-          "| run stage busy | median compile s | median run s | median worker wait s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| run stage busy | box CPU busy | median compile s | median run s | median worker wait s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {args.backend} | {r['mode']} | {r['runners']} | {r['run_cores']} | {r['compile_workers']} | {r['standby']} | "
             f"{r['n']} | {r['ok']} | {r['warm_s']:.1f} | {r['wall_s']:.1f} | {r['per_min']:.1f} | {r['steady_per_min']:.1f} | "
-            f"{r['first_s']:.1f} | {100 * r['busy_share']:.0f}% | {r['median_compile_s']:.1f} | {r['median_run_s']:.2f} | "
+            f"{r['first_s']:.1f} | {100 * r['busy_share']:.0f}% | {100 * r['box_busy']:.0f}% | "
+            f"{r['median_compile_s']:.1f} | {r['median_run_s']:.2f} | "
             f"{r['median_wait_s']:.2f} |"
         )
     for r in rows:
