@@ -194,6 +194,21 @@ def test_source_beyond_the_lean_headers_falls_back_to_torchs(builder: Builder) -
     assert any("full headers" in s["step"] for s in steps)
 
 
+def test_a_flag_set_used_twice_compiles_against_its_precompiled_header(tmp_path: Path) -> None:
+    builder = Builder(tmp_path)  # a fresh cache: no PCH yet (a flag set gets one on its second use)
+    first = builder.build(cpp_spec("pch-1"))
+    second = builder.build(cpp_spec("pch-2"))
+
+    def main_unit(result) -> dict:
+        steps = json.loads((result.so_path.parent / "meta.json").read_text())["steps"]
+        return next(s for s in steps if s["step"] == "g++ main.cpp")
+
+    assert not main_unit(first)["pch"] and main_unit(second)["pch"]
+    assert list((tmp_path / "pch").glob("*/torch/extension.h.gch")) and not list((tmp_path / "pch").glob("*.failed"))
+    x, y = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    torch.testing.assert_close(import_extension(second).scale_add(x, y, 2.0), 2.0 * x + y)
+
+
 def test_fast_module_matches_torchs_load_inline(build_cache: Path) -> None:
     spec = cpp_spec("parity", extra_cflags=("-O2",))
     fast_mod = import_extension(Builder(build_cache).build(spec))

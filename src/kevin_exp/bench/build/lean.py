@@ -8,6 +8,7 @@ torch exactly.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import time
@@ -124,15 +125,18 @@ class PchStore:
 
     def _build(self, flags: list[str], final: Path, key: str) -> Path | None:
         tmp = cache.new_tmp_dir(final)
-        (tmp / "torch").mkdir()
         header = STATIC_DIR / PCH_HEADER
-        argv = [torch_flags().cxx, *flags, "-x", "c++-header", str(header), "-o", str(tmp / (PCH_HEADER + ".gch"))]
+        gch = Path(PCH_HEADER).name + ".gch"
+        # written into the job folder itself: a sandboxed compile may write there and nowhere else
+        argv = [torch_flags().cxx, *flags, "-x", "c++-header", str(header), "-o", gch]
         res = proc.run(argv, tmp, time.monotonic() + self.timeout_s, self.memory_limit_gb)
         if not res.ok:
             if not res.timed_out and "error" in res.output:  # flags that cannot build it: stop trying
                 (final.parent / f"{key}.failed").write_text(res.describe())
             shutil.rmtree(tmp, ignore_errors=True)
             return None
+        (tmp / "torch").mkdir()
+        os.replace(tmp / gch, tmp / (PCH_HEADER + ".gch"))
         # a second `#include <torch/extension.h>` (sources often have one) looks for the header in
         # the dir where gcc found the .gch: give it the lean header there
         shutil.copyfile(header, tmp / PCH_HEADER)
