@@ -11,12 +11,14 @@ initialisation are off the critical path. A batch always returns exactly one ver
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import json
 import os
 import queue
 import tempfile
 import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -70,6 +72,31 @@ class _Pending:
     rounds: int = 0
 
 
+_WAKE = object()  # put on a run queue to make an idle slot look for references to time ahead
+
+
+class _ReferencesAhead:
+    """Reference programs of submitted candidates, for an idle run slot to time before their first run (each once
+    per evaluator; the timings cache on disk keeps them after)."""
+
+    def __init__(self) -> None:
+        self._todo: deque[str] = deque()
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, source: str) -> bool:
+        with self._lock:
+            if source in self._seen:
+                return False
+            self._seen.add(source)
+            self._todo.append(source)
+            return True
+
+    def take(self) -> str | None:
+        with self._lock:
+            return self._todo.popleft() if self._todo else None
+
+
 class Evaluator:
     def __init__(self, config: BenchConfig | None = None) -> None:
         self.config = config or BenchConfig()
@@ -94,6 +121,7 @@ class Evaluator:
                                                 initargs=(self.cpu_split.compiles,))
         self._builds: dict[str, Future] = {}
         self._builds_lock = threading.Lock()
+        self._references_ahead = _ReferencesAhead()
         self._run_root = Path(tempfile.mkdtemp(prefix="kevin_exp_run_"))
         # runners are forked from a warm server (no interpreter start or torch import per candidate)
         self.fork_server = (ForkServer(cfg.backend, self._run_root, self.cpu_split.compiles)
@@ -243,7 +271,7 @@ class Evaluator:
         """A run slot's thread: the built candidates, one at a time, until the queue says stop."""
         slot.start()  # workers start while the batch's first compiles run, not after the first one is built
         while True:
-            pending = run_queue.get()
+            pending = self._next_run(slot, run_queue)
             if pending is None:
                 return
             try:
@@ -251,6 +279,23 @@ class Evaluator:
             except Exception as exc:  # noqa: BLE001
                 verdict = self._internal_error(pending.item, exc)
             finish(pending.index, verdict)
+
+    def _next_run(self, slot: RunSlot, run_queue: queue.Queue) -> _Pending | None:
+        """The next built candidate (None: stop). While none is waiting, the slot times the references of submitted
+        candidates still building: their first runs then find the timing cached instead of measuring it on the
+        slot's critical path."""
+        while True:
+            try:
+                pending = run_queue.get_nowait()
+            except queue.Empty:
+                source = self._references_ahead.take()
+                if source is not None:
+                    with contextlib.suppress(Exception):  # the problem's runs measure it again and report a failure
+                        slot.time_reference(source)
+                    continue
+                pending = run_queue.get()
+            if pending is not _WAKE:
+                return pending
 
     def _run(self, slot: RunSlot, pending: _Pending) -> Verdict:
         """Run a candidate; a spec it only builds at run time is checked and built, then it runs again. A run the
@@ -385,7 +430,7 @@ class EvalSession:
 
     def __init__(self, evaluator: Evaluator) -> None:
         self.evaluator = evaluator
-        self._run_queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._run_queue: queue.Queue[_Pending | object | None] = queue.Queue()  # object: _WAKE
         self._callbacks: dict[int, Callable[[Verdict], None]] = {}
         self._lock = threading.Lock()
         self._next = 0
@@ -405,8 +450,10 @@ class EvalSession:
             verdict, pending, futures = ev._internal_error(item, exc), None, []
         if verdict is not None:
             self._finish(index, verdict)
-        else:
-            ev._when_built(pending, futures, self._run_queue, self._finish)
+            return
+        ev._when_built(pending, futures, self._run_queue, self._finish)
+        if ev._references_ahead.add(item.reference):
+            self._run_queue.put(_WAKE)
 
     def _finish(self, index: int, verdict: Verdict) -> None:
         with self._lock:

@@ -131,6 +131,21 @@ def reference_timing(ref: ReferenceProcess, timings: ReferenceTimings, source: s
     return samples, False
 
 
+def time_reference_ahead(ref: ReferenceProcess, timings: ReferenceTimings, source: str, config: BenchConfig,
+                         quiet: Callable[[], None] = lambda: None) -> bool:
+    """The reference's timing measured and cached before a run needs it (a slot does this while it waits for
+    builds): the same measurement the problem's first run would make. Whether it succeeded; a reference that
+    fails is left for its runs to report."""
+    limit = config.hang_ceiling_s + REFERENCE_SLACK_S
+    try:
+        prepared = ref.call({"op": "prepare", "source": source, "init_seed": config.seed}, limit)
+        reference_timing(ref, timings, source, prepared, config, quiet)
+        ref.call({"op": "release"}, limit)
+    except ReferenceFailed:
+        return False
+    return True
+
+
 def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int, timings: ReferenceTimings, job: RunJob,
                  config: BenchConfig, seed: int | None = None, quiet: Callable[[], None] = lambda: None,
                  refresh_reference: bool = False,

@@ -18,7 +18,7 @@ from kevin_exp.bench.device_gate import DeviceGate
 from kevin_exp.bench.exchange import ALIGN, new_exchange_fd
 from kevin_exp.bench.fork_client import ForkServer
 from kevin_exp.bench.gil_handoff import prompt_handoff
-from kevin_exp.bench.protocol import RunJob, RunOutcome, run_protocol
+from kevin_exp.bench.protocol import RunJob, RunOutcome, run_protocol, time_reference_ahead
 from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceProcess, ReferenceTimings
 from kevin_exp.bench.sandbox import SandboxPolicy
 from kevin_exp.bench.worker_process import WorkerProcess
@@ -86,6 +86,11 @@ class RunSlot:
         # the slot's own time around the run (taking a runner, starting the next ones): diagnostics only
         outcome.phases.update(slot_take_s=round(t0 - t_take, 4), slot_after_s=round(time.monotonic() - t1, 4))
         return outcome, run_s
+
+    def time_reference(self, source: str) -> bool:
+        """The reference's timing measured now, while the slot has nothing to run, for its problem's first run to
+        find in the cache."""
+        return time_reference_ahead(self.reference(), self.timings, source, self.config, quiet=self._quiet)
 
     @contextlib.contextmanager
     def _on_own_cores(self, worker: WorkerProcess) -> Iterator[None]:
