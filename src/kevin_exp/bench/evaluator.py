@@ -290,7 +290,7 @@ class Evaluator:
             except queue.Empty:
                 source = self._references_ahead.take()
                 if source is not None:
-                    with contextlib.suppress(Exception):  # the problem's runs measure it again and report a failure
+                    with contextlib.suppress(Exception):  # a failing reference is left for the problem's runs to report
                         slot.time_reference(source)
                     continue
                 pending = run_queue.get()

@@ -132,18 +132,13 @@ def reference_timing(ref: ReferenceProcess, timings: ReferenceTimings, source: s
 
 
 def time_reference_ahead(ref: ReferenceProcess, timings: ReferenceTimings, source: str, config: BenchConfig,
-                         quiet: Callable[[], None] = lambda: None) -> bool:
+                         quiet: Callable[[], None] = lambda: None) -> None:
     """The reference's timing measured and cached before a run needs it (a slot does this while it waits for
-    builds): the same measurement the problem's first run would make. Whether it succeeded; a reference that
-    fails is left for its runs to report."""
+    builds): the same measurement the problem's first run would make. Raises ``ReferenceFailed`` as a run would."""
     limit = config.hang_ceiling_s + REFERENCE_SLACK_S
-    try:
-        prepared = ref.call({"op": "prepare", "source": source, "init_seed": config.seed}, limit)
-        reference_timing(ref, timings, source, prepared, config, quiet)
-        ref.call({"op": "release"}, limit)
-    except ReferenceFailed:
-        return False
-    return True
+    prepared = ref.call({"op": "prepare", "source": source, "init_seed": config.seed}, limit)
+    reference_timing(ref, timings, source, prepared, config, quiet)
+    ref.call({"op": "release"}, limit)
 
 
 def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int, timings: ReferenceTimings, job: RunJob,

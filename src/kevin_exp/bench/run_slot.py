@@ -87,10 +87,10 @@ class RunSlot:
         outcome.phases.update(slot_take_s=round(t0 - t_take, 4), slot_after_s=round(time.monotonic() - t1, 4))
         return outcome, run_s
 
-    def time_reference(self, source: str) -> bool:
+    def time_reference(self, source: str) -> None:
         """The reference's timing measured now, while the slot has nothing to run, for its problem's first run to
         find in the cache."""
-        return time_reference_ahead(self.reference(), self.timings, source, self.config, quiet=self._quiet)
+        time_reference_ahead(self.reference(), self.timings, source, self.config, quiet=self._quiet)
 
     @contextlib.contextmanager
     def _on_own_cores(self, worker: WorkerProcess) -> Iterator[None]:
