@@ -204,6 +204,17 @@ def test_a_lock_held_too_long_is_waited_for_only_so_long(timings):
             assert first and not second
 
 
+def test_only_the_evaluators_uid_can_open_the_lock(timings):
+    """A sandboxed runner sees the cache read-only, under another uid: it must not be able to open the lock (flock
+    needs no write access) and hold it to stall every reference timing on the machine."""
+    timings.root.mkdir(parents=True)
+    loose = timings.root / ".measuring-cpu.lock"
+    loose.touch(mode=0o644)
+    with timings.measuring("cpu", 1.0):
+        pass
+    assert loose.stat().st_mode & 0o077 == 0
+
+
 def test_agreement_is_relative():
     assert agrees(1.0, 1.05, 0.05) and agrees(1.05, 1.0, 0.05) and not agrees(1.0, 1.06, 0.05)
 

@@ -129,7 +129,7 @@ def reference_timing(ref: ReferenceProcess, timings: ReferenceTimings, source: s
     # on cpu every measurement shares the machine's cores: one at a time across the jobs sharing the cache; on cuda
     # each device has its own, and only the same reference is never measured twice at once
     lock = "cpu" if config.backend == "cpu" else key
-    lock_wait = limit * 2 * (1 + config.reference_retries)
+    lock_wait = (config.hang_ceiling_s + REFERENCE_SLACK_S) * (1 + config.reference_retries)  # then measure anyway
     m, use, cached = settle(timings, key, measure, config, refresh, lock, lock_wait)
     return m.samples, cached, use
 

@@ -137,7 +137,9 @@ class ReferenceTimings:
         the whole machine's cores). Waits for a holder in any process (up to ``timeout_s``, then goes on
         without it); gives whether it got the lock."""
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / f".measuring-{name[:64]}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        # the evaluator's own uid only: a sandboxed runner sees the cache (read-only) but must not hold this lock
+        fd = os.open(self.root / f".measuring-{name[:64]}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)  # (one made before with looser bits)
         deadline = time.monotonic() + timeout_s
         held = False
         try:
