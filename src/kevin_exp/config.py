@@ -309,6 +309,14 @@ class EvaluatorConfig:
     # a run the hidden-time check flags is measured again in a fresh runner up to this many times; only a run
     # flagged every time is `suspect`
     hidden_time_retries: int = number(1, ge=0)
+    # the reference's timing is cached only when the relative spread of timing_statistic between its blocks is at
+    # most reference_max_spread; a noisier one is measured again (reference_retries times, reference_retry_wait_s
+    # apart), else used uncached and the verdict says so; a recheck replaces the cached timing only after a third
+    # measurement sides with the new one; two agree within the relative reference_agreement
+    reference_max_spread: float = number(0.10, gt=0)
+    reference_agreement: float = number(0.05, gt=0)
+    reference_retries: int = number(2, ge=0)
+    reference_retry_wait_s: float = number(1.0, ge=0)
     # cap on the speedup term of the reward (0: no cap)
     max_speedup: float = number(0.0, ge=0)
     compile_timeout_s: float = number(300.0, gt=0)

@@ -99,6 +99,17 @@ class BenchConfig:
     # a run the hidden-time check flags is measured again in a fresh runner (new seed, new calibration) up to
     # this many times; only a run flagged every time is `suspect`: a lie repeats, a busy machine's noise rarely
     hidden_time_retries: int = 1
+    # The reference's timing (docs/hack_defences.md, "Timing protocol"): measured in blocks and taken with
+    # timing_statistic, like the candidate's. It is cached only when the relative spread of that statistic between
+    # its blocks is at most reference_max_spread (a quiet machine); a noisier one is measured again up to
+    # reference_retries times, reference_retry_wait_s apart, and if none is quiet the quietest is used, not
+    # cached, and the verdict says so. A recheck's new measurement replaces the cached one only after a third
+    # measurement sides with it; two measurements agree when within the relative reference_agreement (the
+    # fidelity goal's worst case, 5%).
+    reference_max_spread: float = 0.10
+    reference_agreement: float = 0.05
+    reference_retries: int = 2
+    reference_retry_wait_s: float = 1.0
     # reward cap applied where the reward is computed (0: no cap)
     max_speedup: float = 0.0
     compile_timeout_s: float = 300.0
@@ -160,6 +171,12 @@ class BenchConfig:
                              "expected recheck_speedup > 0 and recheck_tolerance >= 1")
         if self.hidden_time_factor < 0 or self.hidden_time_slack_ms < 0 or self.hidden_time_suspect_ms < 0:
             raise ValueError("hidden_time_factor, hidden_time_slack_ms and hidden_time_suspect_ms must be >= 0")
+        if self.reference_max_spread <= 0 or self.reference_agreement <= 0:
+            raise ValueError(f"reference_max_spread={self.reference_max_spread}, reference_agreement="
+                             f"{self.reference_agreement}: expected > 0")
+        if self.reference_retries < 0 or self.reference_retry_wait_s < 0:
+            raise ValueError(f"reference_retries={self.reference_retries}, reference_retry_wait_s="
+                             f"{self.reference_retry_wait_s}: expected >= 0")
         if self.hidden_time_retries < 0:
             raise ValueError(f"hidden_time_retries={self.hidden_time_retries}: expected >= 0")
         if self.run_cores < -1:

@@ -22,12 +22,10 @@ from typing import Any, Callable, ContextManager
 from kevin_exp.bench.config import BenchConfig
 from kevin_exp.bench.exchange import Layout, ensure_size, header_bytes, padded_bytes
 from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceFailed, ReferenceProcess, ReferenceTimings
+from kevin_exp.bench.reference_timing import REFERENCE_TIMING_BLOCKS, Measurement, settle
 from kevin_exp.bench.worker_process import Ended, WorkerProcess
 
 REFERENCE_SLACK_S = 60.0  # a reference request's own limit, beyond the run's
-# the reference is timed this many times when it is not cached, and its quietest block kept: the cache keeps
-# one measurement for good, so a measurement disturbed by other work (compiles, on cpu) must not be it
-REFERENCE_TIMING_BLOCKS = 3
 CALIBRATION_CALLS = 20
 # calls whose outputs are checked only at sampled positions (the check is then host work, overlapping the next
 # call); checked calls compare whole outputs and inputs
@@ -66,6 +64,7 @@ class RunOutcome:
     calibration_outside_ms: list[float] = field(default_factory=list)
     ref_ms: list[float] = field(default_factory=list)
     ref_cached: bool = False
+    reference: dict[str, Any] = field(default_factory=dict)  # the reference timing used (reference_timing.settle)
     max_abs_diff: float = 0.0
     checked_calls: int = 0
     correctness_trials: int = 0
@@ -109,26 +108,30 @@ def trial_limit_s(ref_median_ms: float, n_calls: int, config: BenchConfig) -> fl
 
 def reference_timing(ref: ReferenceProcess, timings: ReferenceTimings, source: str, prepared: dict[str, Any],
                      config: BenchConfig, quiet: Callable[[], None] = lambda: None,
-                     refresh: bool = False) -> tuple[list[float], bool]:
-    """The reference's timed samples, from the cache or measured now (and cached); whether it was cached. With
-    ``refresh`` it is measured again and the faster of that and the cached one is kept: a measurement disturbed
-    by other work is slower, never faster."""
-    key = timings.key(source, config.backend, prepared["device"], prepared["torch"], config.warmup_trials, config.timed_trials)
-    cached = timings.get(key)
-    if cached is not None and not refresh:
-        return cached, True
-    quiet()
-    samples: list[float] = []
-    for _ in range(REFERENCE_TIMING_BLOCKS):
-        reply = ref.call({"op": "time", "seed": secrets.randbits(63), "warmup": config.warmup_trials,
-                          "trials": config.timed_trials}, config.hang_ceiling_s * 4 + REFERENCE_SLACK_S)
-        block = [float(x) for x in reply["ms"]]
-        if not samples or statistics.median(block) < statistics.median(samples):
-            samples = block
-    if cached is not None and statistics.median(cached) <= statistics.median(samples):
-        return cached, True
-    timings.put(key, samples)
-    return samples, False
+                     refresh: bool = False) -> tuple[list[float], bool, dict[str, Any]]:
+    """The reference's timed samples (their ``timing_statistic`` is the figure a speedup divides by), whether they
+    are the cached ones, and the record of the timing for the verdict: from the cache, or measured now and cached
+    when quiet; with ``refresh`` (a recheck) measured again and settled against the cached timing
+    (``reference_timing.settle``). ``quiet`` runs before each measurement."""
+    key = timings.key(source, config.backend, prepared["device"], prepared["torch"], config.warmup_trials,
+                      config.timed_trials, config.timing_statistic)
+    limit = config.hang_ceiling_s * 4 + REFERENCE_SLACK_S
+
+    def measure() -> Measurement:
+        quiet()
+        blocks = []
+        for _ in range(REFERENCE_TIMING_BLOCKS):
+            reply = ref.call({"op": "time", "seed": secrets.randbits(63), "warmup": config.warmup_trials,
+                              "trials": config.timed_trials}, limit)
+            blocks.append([float(x) for x in reply["ms"]])
+        return Measurement.from_blocks(blocks, config.timing_statistic)
+
+    # on cpu every measurement shares the machine's cores: one at a time across the jobs sharing the cache; on cuda
+    # each device has its own, and only the same reference is never measured twice at once
+    lock = "cpu" if config.backend == "cpu" else key
+    lock_wait = (config.hang_ceiling_s + REFERENCE_SLACK_S) * (1 + config.reference_retries)  # then measure anyway
+    m, use, cached = settle(timings, key, measure, config, refresh, lock, lock_wait)
+    return m.samples, cached, use
 
 
 def time_reference_ahead(ref: ReferenceProcess, timings: ReferenceTimings, source: str, config: BenchConfig,
@@ -137,7 +140,7 @@ def time_reference_ahead(ref: ReferenceProcess, timings: ReferenceTimings, sourc
     builds): the same measurement the problem's first run would make. Raises ``ReferenceFailed`` as a run would."""
     limit = config.hang_ceiling_s + REFERENCE_SLACK_S
     prepared = ref.call({"op": "prepare", "source": source, "init_seed": config.seed}, limit)
-    reference_timing(ref, timings, source, prepared, config, quiet)
+    reference_timing(ref, timings, source, prepared, config, quiet)  # (cached only when quiet)
     ref.call({"op": "release"}, limit)
 
 
@@ -161,8 +164,8 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
     try:
         prepared = ref.call({"op": "prepare", "source": job.reference, "init_seed": config.seed}, ref_limit)
         outcome.device = prepared["device"]
-        outcome.ref_ms, outcome.ref_cached = reference_timing(ref, timings, job.reference, prepared, config, quiet,
-                                                              refresh_reference)
+        outcome.ref_ms, outcome.ref_cached, outcome.reference = reference_timing(
+            ref, timings, job.reference, prepared, config, quiet, refresh_reference)
         lap("reference_s")
         in_bytes = max(padded_bytes(prepared["input"]), padded_bytes(prepared["init"]))
         out_bytes = padded_bytes(prepared["output"])

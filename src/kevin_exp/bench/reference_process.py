@@ -3,15 +3,19 @@ cache of reference timings. Started with ``sandbox.python_env()`` (not in the ca
 ever runs reference programs), in a private working directory, warm for the life of its run slot."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from kevin_exp.bench.sandbox import python_env
 from kevin_exp.bench.worker_process import ChildProcess, Ended
@@ -83,35 +87,91 @@ class ReferenceProcess(ChildProcess):
 
 
 class ReferenceTimings:
-    """Reference timings on disk, one per (problem source, device name, torch version, timing settings):
-    measured once by the trusted process, so nothing a candidate does can slow them."""
+    """Reference timings on disk, one per (problem source, device name, torch version, timing settings, statistic):
+    measured by the trusted process, so nothing a candidate does can slow them. Each entry is a JSON record (the
+    kept block's samples ``ms``, its ``value`` under ``statistic``, its ``spread``, when and how it was measured; see
+    ``reference_timing``). Jobs sharing a cache dir share the entries: a write replaces the file whole (a reader
+    sees the old record or the new, never part of one), and ``measuring`` holds a lock across processes so two jobs
+    do not measure at once."""
 
     def __init__(self, cache_dir: Path) -> None:
         self.root = Path(cache_dir) / "ref_timing"
 
     @staticmethod
-    def key(source: str, backend: str, device: str, torch_version: str, warmup: int, trials: int) -> str:
-        payload = json.dumps([source, backend, device, torch_version, warmup, trials, "v1"])
+    def key(source: str, backend: str, device: str, torch_version: str, warmup: int, trials: int,
+            statistic: str = "min") -> str:
+        # v2: records measured with the statistic the speedup uses and cached only when quiet (v1 kept a block's
+        # samples by its median whatever the statistic, and whatever the machine was doing)
+        payload = json.dumps([source, backend, device, torch_version, warmup, trials, statistic, "v2"])
         return hashlib.sha256(payload.encode()).hexdigest()
 
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
 
-    def get(self, key: str) -> list[float] | None:
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The cached record, or None when there is none or it is not a whole, consistent record."""
         try:
-            samples = json.loads(self._path(key).read_text())["ms"]
-        except (OSError, ValueError, KeyError, TypeError):
+            record = json.loads(self._path(key).read_text())
+        except (OSError, ValueError):
             return None
-        if isinstance(samples, list) and samples and all(isinstance(x, (int, float)) and x >= 0 for x in samples):
-            return [float(x) for x in samples]
-        return None
+        return record if _valid_record(record) else None
 
-    def put(self, key: str, samples: list[float]) -> None:
+    def put(self, key: str, record: dict[str, Any]) -> None:
+        if not _valid_record(record):
+            raise ValueError(f"not a reference timing record: {str(record)[:200]}")
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"ms": samples}))
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)  # unique per writer
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(record, f)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    @contextlib.contextmanager
+    def measuring(self, name: str, timeout_s: float) -> Iterator[bool]:
+        """Held while a reference is measured (``name``: what may not be measured twice at once: a problem's key, or
+        the whole machine's cores). Waits for a holder in any process (up to ``timeout_s``, then goes on
+        without it); gives whether it got the lock."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        # the evaluator's own uid only: a sandboxed runner sees the cache (read-only) but must not hold this lock
+        fd = os.open(self.root / f".measuring-{name[:64]}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)  # (one made before with looser bits)
+        deadline = time.monotonic() + timeout_s
+        held = False
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.05)
+            yield held
+        finally:
+            os.close(fd)  # (releases the lock)
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _valid_record(record: Any) -> bool:
+    """A whole record whose value is its samples' statistic (anything else, an older format included, is a miss)."""
+    if not isinstance(record, dict):
+        return False
+    samples, value, spread = record.get("ms"), record.get("value"), record.get("spread")
+    if not (isinstance(samples, list) and samples and all(_number(x) and x >= 0 for x in samples)):
+        return False
+    if not (_number(value) and _number(spread) and spread >= 0) or record.get("statistic") not in ("min", "median"):
+        return False
+    expected = min(samples) if record["statistic"] == "min" else statistics.median(samples)
+    return math.isclose(float(value), float(expected), rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

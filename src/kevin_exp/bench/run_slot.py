@@ -23,6 +23,8 @@ from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceProcess,
 from kevin_exp.bench.sandbox import SandboxPolicy
 from kevin_exp.bench.worker_process import WorkerProcess
 
+REAP_WAIT_S = 15.0  # the longest the reference's timing waits for a retired runner to be gone
+
 
 class RunSlot:
     def __init__(self, index: int, device: str | None, n_standby: int, *, policy: SandboxPolicy,
@@ -108,9 +110,14 @@ class RunSlot:
             os.sched_setaffinity(0, before)
 
     def _quiet(self) -> None:
-        """Before the reference is timed: let the standby runners finish starting (they would take its cores)."""
+        """Before the reference is timed: let the standby runners finish starting (they would take its cores), and
+        the retired ones finish ending: a runner killed at its limit frees its memory as it exits and, on cuda, keeps
+        the device busy with whatever kernel it left running until its context is torn down, and the reference
+        timed meanwhile (ahead, for a problem's first run) would be measured beside it."""
         for worker in list(self._standby):
             worker.wait_ready(START_TIMEOUT_S)
+        for reaper in list(self._reapers):
+            reaper.join(timeout=REAP_WAIT_S)
 
     def close(self) -> None:
         while self._standby:
@@ -119,7 +126,7 @@ class RunSlot:
             self._reference.close()
             self._reference = None
         for reaper in self._reapers:
-            reaper.join(timeout=15)
+            reaper.join(timeout=REAP_WAIT_S)
         self._reapers.clear()
         try:
             os.close(self.exchange_fd)

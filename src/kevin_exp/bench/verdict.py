@@ -138,6 +138,7 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
                              "inputs": outcome.inputs, "run_cores": outcome.cores}
     if outcome.ref_ms:
         extra["ref_timing_cached"] = outcome.ref_cached
+        extra["reference"] = outcome.reference  # the reference timing the speedup divides by: value, how, spread
     common: dict[str, Any] = dict(compile_s=compile_s, run_s=run_s, cache_hit=cache_hit, device=outcome.device,
                                   time_limit_s=outcome.limits.get("trials_s"), extra=extra)
 
@@ -284,12 +285,15 @@ def needs_recheck(verdict: Verdict, config: BenchConfig) -> bool:
 def apply_recheck(first: Verdict, second: Verdict, config: BenchConfig) -> Verdict:
     """The verdict after a too-good speedup was re-timed in a fresh runner on fresh inputs (and the reference
     timed again): the recheck's own failure if it failed, ``suspect`` (scores 0) if the two speedups disagree,
-    else the first verdict; both timings go into ``extra["recheck"]``. Both speedups are taken over the
-    recheck's reference time (the faster of the cached and the new measurement)."""
+    else the first verdict; both timings go into ``extra["recheck"]``, each with the reference timing it used. Both
+    speedups are taken over the recheck's reference time (the cached one unless re-measuring settled otherwise:
+    ``reference_timing.settle``)."""
     record = {"first": _timing_record(first), "second": _timing_record(second), "tolerance": config.recheck_tolerance,
               "threshold": config.recheck_speedup}
     if second.ref_runtime_ms and first.runtime_ms and second.ref_runtime_ms != first.ref_runtime_ms:
         first.ref_runtime_ms, first.ref_runtime_stats = second.ref_runtime_ms, second.ref_runtime_stats
+        if "reference" in second.extra:
+            first.extra["reference"] = second.extra["reference"]
         first.speedup = first.ref_runtime_ms / first.runtime_ms
         first.excessive_speedup = first.speedup > config.excessive_speedup
         first.reason = (f"correct; speedup {first.speedup:.3g}x over PyTorch eager ({first.ref_runtime_ms:.4g} ms -> "
@@ -312,4 +316,4 @@ def apply_recheck(first: Verdict, second: Verdict, config: BenchConfig) -> Verdi
 
 def _timing_record(v: Verdict) -> dict[str, Any]:
     return {"status": v.status.value, "speedup": v.speedup, "runtime_ms": v.runtime_ms, "ref_runtime_ms": v.ref_runtime_ms,
-            "outside_runtime_ms": v.outside_runtime_ms}
+            "outside_runtime_ms": v.outside_runtime_ms, "reference": v.extra.get("reference")}
