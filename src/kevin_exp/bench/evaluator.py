@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kevin_exp.bench import cpu_split
-from kevin_exp.bench.build import Builder, BuildError, BuildResult
+from kevin_exp.bench.build import Builder, BuildError, BuildResult, spec_check
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.checks.native import check_native
 from kevin_exp.bench.config import BenchConfig
@@ -319,12 +319,10 @@ class Evaluator:
             pending.rounds += 1
             if pending.rounds > MAX_BUILD_ROUNDS:
                 return self._verdict(pending.item, Status.RUNTIME_ERROR, "load_inline was called with new sources on every run")
-            need = outcome.needs_build
-            try:
-                spec = ExtensionSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in need.items()})
-            except TypeError:
-                return self._verdict(pending.item, Status.FORBIDDEN, "the runner asked to build something that is not "
-                                     "an extension spec; the run counts for nothing", rule="protocol_violation")
+            spec = spec_check.spec_from_request(outcome.needs_build)
+            if isinstance(spec, str):
+                return self._verdict(pending.item, Status.FORBIDDEN, f"the runner asked to build something that is not "
+                                     f"an extension spec ({spec}); the run counts for nothing", rule="protocol_violation")
             verdict = self.build_now(pending, spec)
             if verdict is not None:
                 return verdict
