@@ -52,6 +52,26 @@ torch::Tensor leaky(torch::Tensor x) {
 }
 """, name="adv_macro_flags", cflags=MACRO_FLAGS)
 
+# The split binding reads each bound function's type back from the object's ``.kxsig`` section and pastes it into
+# the binding unit; the sources can write to that section too. What they write ends the type, adds a static
+# initialiser that sets the decoy's pointer (it runs when the module is imported), and comments out the rest.
+_SIG_CODE = (r'0\tat::Tensor(at::Tensor); extern \"C\" at::Tensor (*kx_impl)(const at::Tensor&); '
+             r'static int kx_e = (kx_impl = [](const at::Tensor& x) -> at::Tensor { '
+             r'c10::impl::ExcludeDispatchKeyGuard g(c10::DispatchKey::Python); '
+             r'c10::impl::ExcludeDispatchKeyGuard h(c10::DispatchKey::PythonTLSSnapshot); '
+             r'return at::relu(x) + x * 0.5; }, 0); //')
+SIGNATURE_SECTION_CARRIES_CODE = candidate(r"""
+extern "C" {
+torch::Tensor (*kx_impl)(const torch::Tensor&) = nullptr;
+}
+__attribute__((section(".kxsig"), used)) static const char kx_more[] = "%s";
+
+torch::Tensor leaky(torch::Tensor x) {
+    auto xc = x.contiguous();
+    return kx_impl(xc);
+}
+""" % _SIG_CODE, name="adv_kxsig")
+
 # A module name that is not an identifier (a newline and a quote).
 MODULE_NAME_NOT_AN_IDENTIFIER = candidate(name='adv\n"name')
 
@@ -68,6 +88,7 @@ ATTACKS = [
     Attack("runtime_name_carries_code", RUNTIME_NAME, stopped("forbidden"), honest=HONEST_RUNTIME),
     Attack("macro_flags_rename_what_rules_read", MACROS_RENAME_WHAT_RULES_READ, stopped("forbidden"),
            honest=HONEST_MACROS),
+    Attack("signature_section_carries_code", SIGNATURE_SECTION_CARRIES_CODE, stopped("forbidden")),
     Attack("module_name_not_an_identifier", MODULE_NAME_NOT_AN_IDENTIFIER, stopped("forbidden")),
 ]
 

@@ -32,13 +32,16 @@ _MACHINE = re.compile(r"Killed signal terminated program|virtual memory exhauste
                       r"cannot run |error trying to exec|Resource temporarily unavailable", re.I)
 
 
+def machine_failed(res: proc.ProcResult) -> bool:
+    """Out of time, killed by a signal, out of memory or disk, or a tool that could not run."""
+    return res.timed_out or res.returncode < 0 or _MACHINE.search(res.output) is not None
+
+
 def classify(res: proc.ProcResult) -> str:
-    """``SOURCE`` or ``INFRA`` for a failed compiler or linker run."""
-    if res.timed_out or res.returncode < 0:  # out of time, or killed by a signal
+    """``SOURCE`` or ``INFRA`` for a failed compiler or linker run of a candidate's build."""
+    if machine_failed(res):
         return INFRA
     out = res.output
-    if _MACHINE.search(out):
-        return INFRA
     if _LOCATED_ERROR.search(out) or (_ANY_ERROR.search(out) and _FROM_CANDIDATE.search(out)):
         return SOURCE
     if _LINK_ERROR.search(out) and _LINK_IN_CANDIDATE.search(out):

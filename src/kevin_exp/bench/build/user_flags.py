@@ -120,4 +120,5 @@ def unsafe_flags(spec: ExtensionSpec) -> list[str]:
 
 def describe(flags: list[str]) -> str:
     shown = ", ".join(repr(f) for f in flags[:3])
-    return f"build flag(s) {shown} not allowed (they could run programs or write files at build time); allowed: {ALLOWED_SUMMARY}"
+    return (f"build flag(s) {shown} not allowed (they could run programs or write files at build time, or make the "
+            f"compiler read other code than the checked sources); allowed: {ALLOWED_SUMMARY}")
