@@ -31,7 +31,8 @@ from .flags import resolve_cuda_arch, toolchain_id
 from .lean import static_digest
 from .torchmode import build_torch
 
-BUILDER_VERSION = "1"
+# 2: entries built before every compiler input was checked (compiler_input) may hold code pasted in unchecked
+BUILDER_VERSION = "2"
 MAX_LOAD_SCALE = 4.0  # a retry gets at most this many times the build time limit
 # signatures prebuilt by warm(): the bindings KernelBench-style candidates use most
 COMMON_SIGNATURES = (
