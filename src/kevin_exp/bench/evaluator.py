@@ -253,7 +253,7 @@ class Evaluator:
         sources are fed back), a refused spec, or the machine's failure (not the candidate's mistake: nothing of
         the build's log is fed back)."""
         summary = str(error).splitlines()[0][:300] if str(error) else "compilation failed"
-        extra = {"build_attempts": error.attempts, "build_failure": error.kind}
+        extra = {"build_attempts": error.attempts, "build_failure": error.kind, "build_limits_s": error.limits_s}
         if error.kind == failures.INFRA:
             return self._verdict(item, Status.INFRA_ERROR, f"the evaluator could not build this candidate ({summary})",
                                  extra=extra)

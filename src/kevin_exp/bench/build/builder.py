@@ -59,6 +59,7 @@ class BuildError(Exception):
         self.log, self.timed_out, self.cached = log, timed_out, cached
         self.kind = failures.INFRA if timed_out else kind
         self.diagnostics, self.attempts = diagnostics, attempts
+        self.limits_s: list[float] = []  # the time limit of each attempt
 
 
 @dataclass(frozen=True)
@@ -210,21 +211,25 @@ class Builder:
         """(the finished build folder, its meta). A failure that is the machine's is built once more, with the time
         limit scaled by the machine's load; if that fails too it is an ``infra`` BuildError. Only a failure the
         compiler blamed on the sources is remembered."""
-        timeout_s = self.timeout_s
+        timeout_s, limits = self.timeout_s, []
         for attempt in (1, 2):
             tmp = cache.new_tmp_dir(final)
+            limits.append(round(timeout_s, 3))
             try:
                 meta = self._build_into(spec, key, tmp, timeout_s)
-                meta["attempts"], meta["timeout_s"] = attempt, round(timeout_s, 1)
+                meta["attempts"], meta["limits_s"] = attempt, limits
                 return tmp, meta
             except BuildError as error:
                 shutil.rmtree(tmp, ignore_errors=True)
-                error.attempts = attempt
+                error.attempts, error.limits_s = attempt, limits
                 if error.kind == failures.INFRA and attempt == 1:
                     timeout_s = self.timeout_s * min(MAX_LOAD_SCALE, failures.load_scale())
                     continue
                 self._remember_failure(key, error)
                 raise
+            except compiler_input.Refused as exc:  # the final gate: nothing of it was compiled
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise BuildError(str(exc), str(exc), kind=failures.REFUSED) from None
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
@@ -251,8 +256,6 @@ class Builder:
             info = self.fast.build(spec, module, tmp, deadline, with_cuda, arch)
         except CompileFailed as exc:
             raise self._error(exc.result, exc.unit, earlier=exc.log, timeout_s=timeout_s) from None
-        except compiler_input.Refused as exc:
-            raise BuildError(str(exc), str(exc), kind=failures.REFUSED) from None
         (tmp / "build.log").write_text(info.log)
         for junk in ("main.o", "cuda.cuda.o"):
             (tmp / junk).unlink(missing_ok=True)
