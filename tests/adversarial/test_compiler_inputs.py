@@ -72,6 +72,18 @@ torch::Tensor leaky(torch::Tensor x) {
 }
 """ % _SIG_CODE, name="adv_kxsig")
 
+# Against the identifier rule: a name the sources do define (inside their own namespace, as a decoy), which the
+# glue, at global scope after `using namespace at;`, resolves to torch's op of that name.
+BOUND_NAME_RESOLVES_TO_AN_ATEN_OP = candidate(r"""
+using namespace at;
+namespace mine {
+torch::Tensor relu(torch::Tensor x) { return x; }
+}
+""" + HONEST_KERNEL, name="adv_bound_aten", functions=("leaky", "relu"), forward="""
+ext.relu(x)
+return ext.leaky(x)
+""")
+
 # A module name that is not an identifier (a newline and a quote).
 MODULE_NAME_NOT_AN_IDENTIFIER = candidate(name='adv\n"name')
 
@@ -89,6 +101,7 @@ ATTACKS = [
     Attack("macro_flags_rename_what_rules_read", MACROS_RENAME_WHAT_RULES_READ, stopped("forbidden"),
            honest=HONEST_MACROS),
     Attack("signature_section_carries_code", SIGNATURE_SECTION_CARRIES_CODE, stopped("forbidden")),
+    Attack("bound_name_resolves_to_an_aten_op", BOUND_NAME_RESOLVES_TO_AN_ATEN_OP, stopped("forbidden")),
     Attack("module_name_not_an_identifier", MODULE_NAME_NOT_AN_IDENTIFIER, stopped("forbidden")),
 ]
 
