@@ -35,7 +35,7 @@ torch::Tensor scale_add(torch::Tensor x, torch::Tensor y, double alpha) {
 
 def cpp_spec(tag: str, source: str = SCALE_ADD, functions: tuple[str, ...] | None = ("scale_add",),
              **kw) -> ExtensionSpec:
-    return ExtensionSpec(name=f"t_{tag}", cpp_sources=(f"{source}\n// {SALT} {tag}\n",), functions=functions, **kw)
+    return ExtensionSpec(name="t_" + tag.replace("-", "_"), cpp_sources=(f"{source}\n// {SALT} {tag}\n",), functions=functions, **kw)
 
 
 @pytest.fixture(scope="module")

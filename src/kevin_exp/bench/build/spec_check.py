@@ -75,7 +75,7 @@ def _type_problems(spec: ExtensionSpec) -> list[str]:
         value = getattr(spec, key)
         if key == "functions" and value is None:
             continue
-        if not isinstance(value, tuple) or not all(isinstance(v, str) and type(v) is str for v in value):
+        if not isinstance(value, (tuple, list)) or not all(type(v) is str for v in value):
             out.append(f"{key} is not a list of strings")
     return out
 
