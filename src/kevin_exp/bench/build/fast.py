@@ -199,8 +199,12 @@ class FastBuilder:
 
     def _nvcc(self, argv: list[str], tmp: Path, deadline: float, group: proc.Group,
               spec: ExtensionSpec, arch: str, module: str) -> proc.ProcResult:
-        trusted = {nvcc_path(), *_inc(self.lean.dirs()), f"-DTORCH_EXTENSION_NAME={module}",
-                   *cuda_compile_flags((), arch), "-c", "cuda.cu", "-o", "cuda.cuda.o"}
+        try:
+            base = cuda_compile_flags((), arch)
+        except ValueError:  # no arch of ours (the candidate's own -arch/-gencode flags choose it)
+            base = cuda_compile_flags(spec.extra_cuda_cflags, arch)
+        trusted = {nvcc_path(), *_inc(self.lean.dirs()), f"-DTORCH_EXTENSION_NAME={module}", *base,
+                   "-c", "cuda.cu", "-o", "cuda.cuda.o"}
         compiler_input.check_argv(argv, trusted, spec, "nvcc")
         if self.nvcc_pipeline:
             res = nvcc_pipe.run(argv, tmp, deadline, self.memory_limit_gb, group)
