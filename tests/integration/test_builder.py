@@ -35,7 +35,7 @@ torch::Tensor scale_add(torch::Tensor x, torch::Tensor y, double alpha) {
 
 def cpp_spec(tag: str, source: str = SCALE_ADD, functions: tuple[str, ...] | None = ("scale_add",),
              **kw) -> ExtensionSpec:
-    return ExtensionSpec(name=f"t_{tag}", cpp_sources=(f"{source}\n// {SALT} {tag}\n",), functions=functions, **kw)
+    return ExtensionSpec(name="t_" + tag.replace("-", "_"), cpp_sources=(f"{source}\n// {SALT} {tag}\n",), functions=functions, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -152,14 +152,15 @@ def test_timeout_kills_the_compiler(build_cache: Path) -> None:
     spec = cpp_spec("timeout", source, functions=())
     slow = Builder(build_cache, timeout_s=2.0)
     t0 = time.monotonic()
-    with pytest.raises(BuildError, match="timed out"):
+    with pytest.raises(BuildError, match="timed out") as info:
         slow.build(spec)
-    assert time.monotonic() - t0 < 30 and _no_entry(slow, spec)
+    assert time.monotonic() - t0 < 60 and _no_entry(slow, spec)
     module = slow.module_name(slow.cache_key(spec))
     time.sleep(0.5)
     leftovers = [p for p in Path("/proc").glob("[0-9]*") if _cmdline_has(p, module)]
     assert not leftovers, "compiler processes survived the timeout"
-    # a timeout may be the machine's load, not the sources: it is not remembered
+    # a timeout may be the machine's load, not the sources: it was tried again, and is not remembered
+    assert info.value.attempts == 2 and info.value.kind == "infra"
     assert not slow._failure(slow.cache_key(spec)).exists()
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kevin_exp.bench import cpu_split
-from kevin_exp.bench.build import Builder, BuildError, BuildResult
+from kevin_exp.bench.build import Builder, BuildError, BuildResult, failures, spec_check
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.checks.native import check_native
 from kevin_exp.bench.config import BenchConfig
@@ -192,6 +192,9 @@ class Evaluator:
         key = self.builder.cache_key(spec)
         with self._builds_lock:
             fut = self._builds.get(key)
+            if fut is not None and fut.done() and isinstance(fut.result(), BuildError) \
+                    and fut.result().kind != failures.SOURCE:
+                fut = None  # a failure that was not the sources' is never replayed: build again
             if fut is not None and fut.done() and isinstance(fut.result(), BuildResult):
                 # built by an earlier batch: this one is a cache hit
                 hit: Future = Future()
@@ -208,7 +211,7 @@ class Evaluator:
         except BuildError as exc:
             return exc
         except Exception as exc:  # noqa: BLE001
-            return BuildError(f"build failed: {type(exc).__name__}: {exc}", log=str(exc))
+            return BuildError(f"build failed: {type(exc).__name__}: {exc}", log=str(exc), kind=failures.INFRA)
 
     def _when_built(self, pending: _Pending, futures: list[Future], run_queue: queue.Queue, finish) -> None:
         if not futures:
@@ -238,18 +241,26 @@ class Evaluator:
         for spec, fut in zip(pending.specs, futures):
             outcome = fut.result()
             if isinstance(outcome, BuildError):
-                log = getattr(outcome, "log", "") or str(outcome)
-                return self._verdict(
-                    pending.item,
-                    Status.COMPILE_ERROR,
-                    str(outcome).splitlines()[0][:300] if str(outcome) else "compilation failed",
-                    feedback=trim_compiler_log(log, self.config.feedback_chars),
-                )
+                return self._build_failed(pending.item, outcome)
             pending.builds[spec.content_digest()] = outcome
             if self.policy.drop_uid:
                 _make_world_readable(self.cache_dir, outcome.so_path)
             pending.compile_s += 0.0 if outcome.cached else outcome.seconds
         return None
+
+    def _build_failed(self, item: EvalItem, error: BuildError) -> Verdict:
+        """The verdict of a failed build: the candidate's compile error (only the compiler's diagnostics about its
+        sources are fed back), a refused spec, or the machine's failure (not the candidate's mistake: nothing of
+        the build's log is fed back)."""
+        summary = str(error).splitlines()[0][:300] if str(error) else "compilation failed"
+        extra = {"build_attempts": error.attempts, "build_failure": error.kind, "build_limits_s": error.limits_s}
+        if error.kind == failures.INFRA:
+            return self._verdict(item, Status.INFRA_ERROR, f"the evaluator could not build this candidate ({summary})",
+                                 extra=extra)
+        if error.kind == failures.REFUSED:
+            return self._verdict(item, Status.FORBIDDEN, summary, rule="build_inputs", feedback=summary, extra=extra)
+        return self._verdict(item, Status.COMPILE_ERROR, summary, extra=extra,
+                             feedback=trim_compiler_log(error.diagnostics or summary, self.config.feedback_chars))
 
     def build_now(self, pending: _Pending, spec: ExtensionSpec) -> Verdict | None:
         """A spec only known at run time (built dynamically by the candidate): build, then rerun."""
@@ -319,12 +330,10 @@ class Evaluator:
             pending.rounds += 1
             if pending.rounds > MAX_BUILD_ROUNDS:
                 return self._verdict(pending.item, Status.RUNTIME_ERROR, "load_inline was called with new sources on every run")
-            need = outcome.needs_build
-            try:
-                spec = ExtensionSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in need.items()})
-            except TypeError:
-                return self._verdict(pending.item, Status.FORBIDDEN, "the runner asked to build something that is not "
-                                     "an extension spec; the run counts for nothing", rule="protocol_violation")
+            spec = spec_check.spec_from_request(outcome.needs_build)
+            if isinstance(spec, str):
+                return self._verdict(pending.item, Status.FORBIDDEN, f"the runner asked to build something that is not "
+                                     f"an extension spec ({spec}); the run counts for nothing", rule="protocol_violation")
             verdict = self.build_now(pending, spec)
             if verdict is not None:
                 return verdict

@@ -28,6 +28,9 @@ class Status(str, Enum):
     CRASHED = "crashed"
     # correct, but its timing did not hold up (re-timed elsewhere, or inconsistent with the outside clock): scores 0
     SUSPECT = "suspect"
+    # the evaluator failed for its own reasons (a build timed out under load, a compiler was killed, a tool or the
+    # sandbox failed), twice: scores 0, and is not the candidate's mistake
+    INFRA_ERROR = "infra_error"
 
 
 @dataclass

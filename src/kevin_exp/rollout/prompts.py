@@ -130,6 +130,11 @@ def feedback_text(attempt: Attempt) -> str:
     s = attempt.status
     if s == "format_error":
         body = f"Your response failed to be parsed due to not adhering to the desired formatting. {attempt.feedback}"
+    elif s == "infra_error":
+        # the evaluator's own failure (a build that timed out under load, a killed compiler): nothing of its log is
+        # quoted, and the model is not told that its code was wrong
+        body = ("The evaluator failed to build or run this attempt for reasons of its own (not a problem with your "
+                "code), so there is no feedback on it.")
     elif s == "compile_error":
         body = f"Your kernel failed to compile. Here is the error message:\n{attempt.feedback}"
     elif s in ("runtime_error", "crashed", "timeout"):

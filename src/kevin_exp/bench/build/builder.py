@@ -25,13 +25,15 @@ from pathlib import Path
 
 from kevin_exp.bench.spec import ExtensionSpec
 
-from . import cache, glue, op_watch, proc, user_flags
+from . import cache, compiler_input, failures, glue, op_watch, proc, spec_check
 from .fast import CompileFailed, FastBuilder
 from .flags import resolve_cuda_arch, toolchain_id
 from .lean import static_digest
 from .torchmode import build_torch
 
-BUILDER_VERSION = "1"
+# 2: entries built before every compiler input was checked (compiler_input) may hold code pasted in unchecked
+BUILDER_VERSION = "2"
+MAX_LOAD_SCALE = 4.0  # a retry gets at most this many times the build time limit
 # signatures prebuilt by warm(): the bindings KernelBench-style candidates use most
 COMMON_SIGNATURES = (
     ["at::Tensor(at::Tensor)"],
@@ -44,13 +46,20 @@ WARM_CFLAGS = ((), ("-O3",))
 
 
 class BuildError(Exception):
-    """A failed build. ``str(e)`` is a one-line summary, ``e.log`` the full compiler output; ``timed_out``: the
-    compiler ran out of time (which a busier machine may cause, so it is not remembered); ``cached``: the same
-    sources failed before and the failure was read back."""
+    """A failed build. ``str(e)`` is a one-line summary, ``e.log`` the full record (every step, with its command line);
+    ``e.diagnostics`` only what the failing compiler said (what feedback to a model may show). ``kind``: ``source``
+    (the compiler said the candidate's sources are wrong: kept and replayed), ``infra`` (the machine's: a timeout
+    under load, a compiler killed, a tool or the sandbox failing; never kept), ``refused`` (the spec may not be
+    built). ``timed_out``: the compiler ran out of time; ``cached``: the same sources failed before and the failure
+    was read back; ``attempts``: how many times it was built."""
 
-    def __init__(self, summary: str, log: str = "", timed_out: bool = False, cached: bool = False) -> None:
+    def __init__(self, summary: str, log: str = "", timed_out: bool = False, cached: bool = False,
+                 kind: str = failures.SOURCE, diagnostics: str = "", attempts: int = 1) -> None:
         super().__init__(summary)
         self.log, self.timed_out, self.cached = log, timed_out, cached
+        self.kind = failures.INFRA if timed_out else kind
+        self.diagnostics, self.attempts = diagnostics, attempts
+        self.limits_s: list[float] = []  # the time limit of each attempt
 
 
 @dataclass(frozen=True)
@@ -131,8 +140,13 @@ class Builder:
             return BuildResult(so, module, True, time.perf_counter() - t0, key)
         failed = self._failure(key)
         if failed.exists():
-            record = json.loads(failed.read_text())
-            raise BuildError(record["summary"], record["log"], cached=True)
+            try:
+                record = json.loads(failed.read_text())
+            except (OSError, ValueError):
+                return None
+            if record.get("kind") == failures.SOURCE:  # older records did not say whose fault it was
+                raise BuildError(record["summary"], record.get("log", ""), cached=True,
+                                 diagnostics=record.get("diagnostics", ""))
         return None
 
     def _failure(self, key: str) -> Path:
@@ -140,13 +154,15 @@ class Builder:
 
     def _remember_failure(self, key: str, error: BuildError) -> None:
         """A compile error is a property of the sources and flags (the key): the next identical candidate gets
-        the same verdict without compiling. Timeouts are not kept."""
-        if error.timed_out:
+        the same verdict without compiling. Only failures the compiler blamed on the candidate's own sources are
+        kept: a timeout, a killed compiler or a failing toolchain says nothing about the next try."""
+        if error.kind != failures.SOURCE:
             return
         path = self._failure(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        cache.write_json(tmp, {"summary": str(error), "log": error.log, "builder": BUILDER_VERSION})
+        cache.write_json(tmp, {"summary": str(error), "log": error.log, "diagnostics": error.diagnostics,
+                               "kind": error.kind, "builder": BUILDER_VERSION})
         os.replace(tmp, path)
 
     def lookup(self, spec: ExtensionSpec) -> BuildResult | None:
@@ -163,9 +179,9 @@ class Builder:
             raise BuildError("the cpu backend cannot build CUDA sources (cuda_sources / with_cuda=True)")
         if not spec.cpp_sources and not spec.cuda_sources:
             raise BuildError("the extension has no sources")
-        bad_flags = user_flags.unsafe_flags(spec)
-        if bad_flags:
-            raise BuildError(user_flags.describe(bad_flags))
+        problems = spec_check.spec_problems(spec)
+        if problems:
+            raise BuildError(problems[0], "\n".join(problems), kind=failures.REFUSED)
 
     def build(self, spec: ExtensionSpec) -> BuildResult:
         t0 = time.perf_counter()
@@ -179,13 +195,8 @@ class Builder:
             hit = self._hit(key, t0)  # built by another process while we waited for the lock
             if hit is not None:
                 return hit
-            tmp = cache.new_tmp_dir(final)
+            tmp, meta = self._build_with_retry(spec, key, final)
             try:
-                try:
-                    meta = self._build_into(spec, key, tmp)
-                except BuildError as error:
-                    self._remember_failure(key, error)
-                    raise
                 meta["seconds"] = round(time.perf_counter() - t0, 3)
                 cache.write_json(tmp / "meta.json", meta)
                 _hide_all_but_the_module(tmp)
@@ -196,11 +207,40 @@ class Builder:
         module = self.module_name(key)
         return BuildResult(final / f"{module}.so", module, False, time.perf_counter() - t0, key)
 
-    def _build_into(self, spec: ExtensionSpec, key: str, tmp: Path) -> dict:
+    def _build_with_retry(self, spec: ExtensionSpec, key: str, final: Path) -> tuple[Path, dict]:
+        """(the finished build folder, its meta). A failure that is the machine's is built once more, with the time
+        limit scaled by the machine's load; if that fails too it is an ``infra`` BuildError. Only a failure the
+        compiler blamed on the sources is remembered."""
+        timeout_s, limits = self.timeout_s, []
+        for attempt in (1, 2):
+            tmp = cache.new_tmp_dir(final)
+            limits.append(round(timeout_s, 3))
+            try:
+                meta = self._build_into(spec, key, tmp, timeout_s)
+                meta["attempts"], meta["limits_s"] = attempt, limits
+                return tmp, meta
+            except BuildError as error:
+                shutil.rmtree(tmp, ignore_errors=True)
+                error.attempts, error.limits_s = attempt, limits
+                if error.kind == failures.INFRA and attempt == 1:
+                    timeout_s = self.timeout_s * min(MAX_LOAD_SCALE, failures.load_scale())
+                    continue
+                self._remember_failure(key, error)
+                raise
+            except compiler_input.Refused as exc:  # the final gate: nothing of it was compiled
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise BuildError(str(exc), str(exc), kind=failures.REFUSED) from None
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        raise AssertionError("unreachable")
+
+    def _build_into(self, spec: ExtensionSpec, key: str, tmp: Path, timeout_s: float | None = None) -> dict:
         module = self.module_name(key)
         with_cuda = self._with_cuda(spec)
         arch = self.cuda_arch if with_cuda else None
-        deadline = time.monotonic() + self.timeout_s
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         meta = {"key": key, "module": module, "mode": self.mode, "backend": self.backend, "arch": arch,
                 "spec_name": spec.name, "pid": os.getpid(), "host": os.uname().nodename, "created": time.time(),
                 "builder": BUILDER_VERSION, "sandbox": proc.sandbox_note()}
@@ -208,29 +248,34 @@ class Builder:
             res = build_torch(spec, module, tmp, deadline, self.memory_limit_gb, self.jobs, arch)
             (tmp / "build.log").write_text(res.describe())
             if not res.ok:
-                raise self._error(res, "load_inline")
+                raise self._error(res, "load_inline", timeout_s=timeout_s)
             for junk in tmp.glob("*.o"):
                 junk.unlink()
             return meta
         try:
             info = self.fast.build(spec, module, tmp, deadline, with_cuda, arch)
         except CompileFailed as exc:
-            raise self._error(exc.result, exc.unit, earlier=exc.log) from None
+            raise self._error(exc.result, exc.unit, earlier=exc.log, timeout_s=timeout_s) from None
         (tmp / "build.log").write_text(info.log)
         for junk in ("main.o", "cuda.cuda.o"):
             (tmp / junk).unlink(missing_ok=True)
         return {**meta, "steps": info.steps, "binding": info.binding}
 
-    def _error(self, res: proc.ProcResult, unit: str, earlier: str = "") -> BuildError:
+    def _error(self, res: proc.ProcResult, unit: str, earlier: str = "", timeout_s: float | None = None) -> BuildError:
         from kevin_exp.bench.messages import drop_foreign_quotes
 
         # the failing compiler's own output first: that is what feedback to a model should show; never
         # a quote of a file outside the candidate's sources and the toolkit's headers
         output = drop_foreign_quotes(res.output)
         log = f"{output}\n$ {' '.join(res.argv)}\n" + (f"\n== all build steps ==\n{drop_foreign_quotes(earlier)}" if earlier else "")
+        kind = failures.classify(res)
         if res.timed_out:
-            return BuildError(f"build timed out after {self.timeout_s:g} s ({unit})", log, timed_out=True)
-        return BuildError(f"{unit} failed: {_first_error(output)}", log)
+            limit = self.timeout_s if timeout_s is None else timeout_s
+            return BuildError(f"build timed out after {limit:g} s ({unit})", log, timed_out=True)
+        if kind == failures.INFRA:
+            return BuildError(f"{unit} failed for reasons of the build machine: {_first_error(output)}", log, kind=kind)
+        return BuildError(f"{unit} failed: {_first_error(output)}", log, kind=kind,
+                          diagnostics=failures.diagnostics(output))
 
     # -- warm-up ------------------------------------------------------------------------------------
     def warm(self) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kevin_exp.bench.spec import ExtensionSpec
 
-from . import cache, glue, nvcc_pipe, proc
+from . import cache, compiler_input, failures, glue, nvcc_pipe, proc
 from .flags import cuda_compile_flags, cuda_home, cuda_ldflags, nvcc_path, toolchain_id, torch_flags
 from .lean import LeanHeaders, PchStore, static_digest
 
@@ -91,12 +91,30 @@ class FastBuilder:
         return flags + list(tf.cxx_only) + abi + opt + ["-fvisibility=hidden"]
 
     # -- units ---------------------------------------------------------------------------------
+    def _trusted_cxx(self, lean: list[Path], pch_dir: Path | None, name_define: list[str], src: str,
+                     obj: str) -> set[str]:
+        """The arguments of a g++ command line that the builder itself puts there."""
+        tf = torch_flags()
+        out = {tf.cxx, *tf.common, *tf.cxx_only, "-DKX_NO_PYBIND", "-fvisibility=hidden", "-c", "-o", src, obj,
+               *name_define, *_inc(lean), *(_inc([pch_dir]) if pch_dir else [])}
+        if cuda_home():
+            out |= {"-isystem", os.path.join(cuda_home(), "include")}
+        return out
+
     def _compile_cxx(self, flags: list[str], src: str, obj: str, cwd: Path, deadline: float, info: FastInfo,
-                     name_define: list[str], what: str, group: proc.Group | None = None) -> None:
+                     name_define: list[str], what: str, group: proc.Group | None = None,
+                     spec: ExtensionSpec | None = None) -> None:
+        """``spec``: the candidate whose flags are among ``flags`` (each command line is checked against it before
+        it runs); None for the builder's own units."""
         lean = self.lean.dirs()
+        if spec is not None:  # before the PCH of these flags is looked up (or built with them)
+            compiler_input.check_argv([torch_flags().cxx, *_inc(lean), *name_define, *flags, "-c", src, "-o", obj],
+                                      self._trusted_cxx(lean, None, name_define, src, obj), spec, "g++")
         pch_dir = self.pch.get([*_inc(lean), *flags])
         argv = [torch_flags().cxx, *(_inc([pch_dir]) if pch_dir else []), *_inc(lean), *name_define, *flags,
                 "-c", src, "-o", obj]
+        if spec is not None:
+            compiler_input.check_argv(argv, self._trusted_cxx(lean, pch_dir, name_define, src, obj), spec, "g++")
         res = proc.run(argv, cwd, deadline, self.memory_limit_gb, group=group)
         info.add(what, res, lean=True, pch=pch_dir is not None)
         if res.ok:
@@ -104,6 +122,8 @@ class FastBuilder:
         if res.timed_out or (group is not None and group.cancelled) or not lean_may_be_cause(res.output):
             raise CompileFailed(res, what)
         argv = [torch_flags().cxx, *name_define, *flags, "-c", src, "-o", obj]
+        if spec is not None:
+            compiler_input.check_argv(argv, self._trusted_cxx([], None, name_define, src, obj), spec, "g++")
         res = proc.run(argv, cwd, deadline, self.memory_limit_gb, group=group)
         info.add(what + " (full headers)", res, lean=False, pch=False)
         if not res.ok:
@@ -127,6 +147,7 @@ class FastBuilder:
         if spec.cuda_sources:
             cu = tuple(glue.rename_literal_module(s, spec.name) for s in spec.cuda_sources)
             (tmp / "cuda.cu").write_text(glue.cuda_source(cu))
+            compiler_input.check_unit(tmp / "cuda.cu", spec, module)
             objs.append("cuda.cuda.o")
 
             def cuda_side() -> None:
@@ -156,6 +177,7 @@ class FastBuilder:
                 objs.append(str(info.binding_obj))
             ld = cuda_ldflags() if with_cuda else list(torch_flags().ldflags)
             argv = [torch_flags().cxx, *objs, ld[0], *spec.extra_ldflags, *ld[1:], "-o", f"{module}.so"]
+            compiler_input.check_argv(argv, {torch_flags().cxx, *objs, *ld, "-o", f"{module}.so"}, spec, "link")
             res = proc.run(argv, tmp, deadline, self.memory_limit_gb)
             info.add("link", res)
             if not res.ok:
@@ -175,7 +197,15 @@ class FastBuilder:
                 cu_thread.join()
             raise
 
-    def _nvcc(self, argv: list[str], tmp: Path, deadline: float, group: proc.Group) -> proc.ProcResult:
+    def _nvcc(self, argv: list[str], tmp: Path, deadline: float, group: proc.Group,
+              spec: ExtensionSpec, arch: str, module: str) -> proc.ProcResult:
+        try:
+            base = cuda_compile_flags((), arch)
+        except ValueError:  # no arch of ours (the candidate's own -arch/-gencode flags choose it)
+            base = cuda_compile_flags(spec.extra_cuda_cflags, arch)
+        trusted = {nvcc_path(), *_inc(self.lean.dirs()), f"-DTORCH_EXTENSION_NAME={module}", *base,
+                   "-c", "cuda.cu", "-o", "cuda.cuda.o"}
+        compiler_input.check_argv(argv, trusted, spec, "nvcc")
         if self.nvcc_pipeline:
             res = nvcc_pipe.run(argv, tmp, deadline, self.memory_limit_gb, group)
             if res is not None:
@@ -184,13 +214,13 @@ class FastBuilder:
 
     def _compile_cuda(self, spec: ExtensionSpec, arch: str, module: str, tmp: Path, deadline: float,
                       info: FastInfo, group: proc.Group) -> None:
-        res = self._nvcc(self._nvcc_argv(spec, arch, module, lean=True), tmp, deadline, group)
+        res = self._nvcc(self._nvcc_argv(spec, arch, module, lean=True), tmp, deadline, group, spec, arch, module)
         info.add("nvcc cuda.cu", res, lean=True)
         if res.ok:
             return
         if res.timed_out or group.cancelled or not lean_may_be_cause(res.output):
             raise CompileFailed(res, "cuda.cu")
-        res = self._nvcc(self._nvcc_argv(spec, arch, module, lean=False), tmp, deadline, group)
+        res = self._nvcc(self._nvcc_argv(spec, arch, module, lean=False), tmp, deadline, group, spec, arch, module)
         info.add("nvcc cuda.cu (full headers)", res, lean=False)
         if not res.ok:
             raise CompileFailed(res, "cuda.cu")
@@ -201,28 +231,37 @@ class FastBuilder:
         functions = spec.functions
         if split:
             assert functions is not None
+            compiler_input.check_names(functions, module)
             (tmp / "main.cpp").write_text(glue.cpp_source(cpp) + "\n" + glue.split_glue(functions, module))
+            compiler_input.check_unit(tmp / "main.cpp", spec, module)
             self._compile_cxx(self.cxx_flags(spec, with_cuda, True), "main.cpp", "main.o", tmp, deadline, info,
-                              name_define, "g++ main.cpp", group)
+                              name_define, "g++ main.cpp", group, spec)
             sigs = glue.read_signatures(tmp / "main.o", len(functions))
             if sigs is not None and glue.NOT_A_FUNCTION not in sigs:
-                reg = self.binding(sigs, self.binding_flags(spec, with_cuda), deadline, info)
+                compiler_input.check_signatures(sigs)
+                reg = self.binding(sigs, self.binding_flags(spec, with_cuda), deadline, info, spec)
                 if reg is not None:
                     info.binding_obj = reg
                     return
             info.binding = "classic (split binding not possible)"
         else:
             info.binding = "classic" if functions is not None else "source's own PYBIND11_MODULE"
+        if functions is not None:
+            compiler_input.check_names(functions, module)
         tail = "\n" + glue.classic_binding(functions) if functions is not None else ""
         (tmp / "main.cpp").write_text(glue.cpp_source(cpp) + tail)
+        compiler_input.check_unit(tmp / "main.cpp", spec, module)
         self._compile_cxx(self.cxx_flags(spec, with_cuda, False), "main.cpp", "main.o", tmp, deadline, info,
-                          name_define, "g++ main.cpp (inline binding)", group)
+                          name_define, "g++ main.cpp (inline binding)", group, spec)
 
     # -- cached binding objects -------------------------------------------------------------------
     def binding_key(self, sigs: list[str], flags: list[str]) -> str:
         return cache.digest(["binding-1", toolchain_id(False, self.root), static_digest(), sigs, flags])
 
-    def binding(self, sigs: list[str], flags: list[str], deadline: float, info: FastInfo | None) -> Path | None:
+    def binding(self, sigs: list[str], flags: list[str], deadline: float, info: FastInfo | None,
+                spec: ExtensionSpec | None = None) -> Path | None:
+        """The cached binding object of ``sigs`` (``spec``: the candidate whose flags are among ``flags``)."""
+        compiler_input.check_signatures(sigs)
         key = self.binding_key(sigs, flags)
         final = cache.entry_dir(self.root, "reg", key)
         if (final / "reg.o").exists():
@@ -240,9 +279,10 @@ class FastBuilder:
             (tmp / "binding.cpp").write_text(glue.binding_source(sigs))
             sub = info if info is not None else FastInfo()
             try:
-                self._compile_cxx(flags, "binding.cpp", "reg.o", tmp, deadline, sub, [], "g++ binding.cpp")
+                self._compile_cxx(flags, "binding.cpp", "reg.o", tmp, deadline, sub, [], "g++ binding.cpp", spec=spec)
             except CompileFailed as exc:
-                if _ERROR_LINE.search(exc.result.output):  # a type the binding unit cannot spell: never retry
+                # a type the binding unit cannot spell: never retry (a failure of the machine's is not remembered)
+                if _ERROR_LINE.search(exc.result.output) and not failures.machine_failed(exc.result):
                     (final.parent / f"{key}.failed").write_text(exc.result.describe())
                 shutil.rmtree(tmp, ignore_errors=True)
                 return None

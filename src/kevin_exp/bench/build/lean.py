@@ -14,7 +14,7 @@ import shutil
 import time
 from pathlib import Path
 
-from . import cache, proc
+from . import cache, failures, proc
 from .flags import toolchain_id, torch_flags
 
 STATIC_DIR = Path(__file__).parent / "lean_headers"
@@ -131,7 +131,8 @@ class PchStore:
         argv = [torch_flags().cxx, *flags, "-x", "c++-header", str(header), "-o", gch]
         res = proc.run(argv, tmp, time.monotonic() + self.timeout_s, self.memory_limit_gb)
         if not res.ok:
-            if not res.timed_out and "error" in res.output:  # flags that cannot build it: stop trying
+            # flags that cannot build it: stop trying (not when the machine failed: a timeout, a killed compiler)
+            if "error" in res.output and not failures.machine_failed(res):
                 (final.parent / f"{key}.failed").write_text(res.describe())
             shutil.rmtree(tmp, ignore_errors=True)
             return None

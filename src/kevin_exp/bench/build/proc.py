@@ -110,6 +110,11 @@ def _toolkit_roots() -> list[str]:
     return roots + jail.library_path_roots()
 
 
+def toolkit_roots() -> list[str]:
+    """The toolchain, CUDA toolkit and Python folders a sandboxed compile sees (read-only)."""
+    return _toolkit_roots()
+
+
 def jail_spec(cwd: Path, uid: int | None, memory_limit_gb: float) -> dict:
     shared = [str(root / part) for root in sorted(_readable) for part in CACHE_PARTS_COMPILES_READ]
     return {"readonly": [*_toolkit_roots(), *shared], "writable": [str(cwd)], "cwd": str(cwd),

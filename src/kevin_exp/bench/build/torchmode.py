@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kevin_exp.bench.spec import ExtensionSpec
 
-from . import glue, proc
+from . import compiler_input, glue, proc
 
 _RUNNER = r"""
 import json, sys
@@ -24,6 +24,8 @@ print("kx: load_inline ok")
 
 def build_torch(spec: ExtensionSpec, module: str, tmp: Path, deadline: float, memory_limit_gb: float, jobs: int,
                 arch: str | None) -> proc.ProcResult:
+    if spec.functions is not None:  # load_inline pastes them into the C++ it generates
+        compiler_input.check_names(spec.functions, module)
     payload = {
         "module": module,
         "cpp": [glue.rename_literal_module(s, spec.name) for s in spec.cpp_sources],

@@ -7,7 +7,7 @@ import bisect
 import re
 from typing import Callable
 
-from kevin_exp.bench.build import user_flags
+from kevin_exp.bench.build import spec_check
 from kevin_exp.bench.checks.native_source import NativeSource, defined_functions, is_word, tokenize
 from kevin_exp.bench.checks.rules import (
     KERNEL_RULE,
@@ -286,9 +286,11 @@ def native_violations(spec: ExtensionSpec, backend: str, rules: CheckRules) -> l
             add("native_library_compute", "", flag, f"build flag {flag!r} links or includes a vendor math library; "
                 f"{KERNEL_RULE}")
     _check_kernel_present(spec, backend, sources, parsed, add)
-    bad_flags = user_flags.unsafe_flags(spec)
-    if bad_flags:  # always on: not a reward rule but the build machine's safety
-        out.append(Violation("build_flags", f"extension {spec.name!r}: {user_flags.describe(bad_flags)}"))
+    # always on: not reward rules but what reaches the compiler besides the checked sources (names pasted into
+    # generated code, flags, include paths) and the build machine's safety
+    for problem in spec_check.spec_problems(spec):
+        rule = "build_flags" if problem.startswith("build flag") else "build_inputs"
+        out.append(Violation(rule, f"extension {spec.name[:80]!r}: {problem}"))
     return out
 
 
