@@ -220,7 +220,7 @@ def test_agreement_is_relative():
 
 
 def test_settings_are_validated_and_mirrored():
-    for bad in (dict(reference_max_spread=0.0), dict(reference_agreement=-1.0), dict(reference_retries=-1),
+    for bad in (dict(reference_max_spread=-0.1), dict(reference_agreement=-1.0), dict(reference_retries=-1),
                 dict(reference_retry_wait_s=-0.5)):
         with pytest.raises(ValueError):
             BenchConfig(**bad)
@@ -229,5 +229,11 @@ def test_settings_are_validated_and_mirrored():
     bench = cfg.to_bench()
     assert (bench.reference_max_spread, bench.reference_agreement, bench.reference_retries,
             bench.reference_retry_wait_s) == (0.2, 0.1, 4, 0.5)
-    problems = check_settings(EvaluatorConfig(reference_max_spread=0.0, reference_retries=-1))
+    problems = check_settings(EvaluatorConfig(reference_max_spread=-0.1, reference_retries=-1))
     assert any("reference_max_spread" in p for p in problems) and any("reference_retries" in p for p in problems)
+
+
+def test_a_max_spread_of_zero_is_the_backends_own():
+    assert BenchConfig(backend="cuda").max_reference_spread == 0.10
+    assert BenchConfig(backend="cpu").max_reference_spread == 0.30
+    assert BenchConfig(backend="cpu", reference_max_spread=0.05).max_reference_spread == 0.05

@@ -63,7 +63,7 @@ class Measurement:
                 "attempts": self.attempts, "how": how}
 
     def quiet(self, config: BenchConfig) -> bool:
-        return self.spread <= config.reference_max_spread
+        return self.spread <= config.max_reference_spread
 
 
 def measure_quietly(measure: Callable[[], Measurement], config: BenchConfig) -> Measurement:
@@ -99,7 +99,7 @@ def settle(timings: ReferenceTimings, key: str, measure: Callable[[], Measuremen
     the cache neither measure at once nor both measure a reference the other is measuring."""
     with timings.measuring(lock_name, lock_timeout_s) as locked:
         record = timings.get(key)
-        if record is not None and record["spread"] > config.reference_max_spread:
+        if record is not None and record["spread"] > config.max_reference_spread:
             record = None  # cached under a looser setting: not quiet by this one
         if record is not None and not refresh:
             cached = Measurement.from_record(record)
@@ -149,7 +149,7 @@ def _use(m: Measurement, how: str, config: BenchConfig, *, stored: bool, locked:
          recheck: dict[str, Any] | None = None) -> dict[str, Any]:
     """The verdict's record of the reference timing it used."""
     use: dict[str, Any] = {"value_ms": m.value, "statistic": m.statistic, "how": how, "measured_at": m.measured_at,
-                           "spread": round(m.spread, 6), "max_spread": config.reference_max_spread,
+                           "spread": round(m.spread, 6), "max_spread": config.max_reference_spread,
                            "noisy": not m.quiet(config), "cached": stored, "blocks": len(m.block_ms),
                            "block_ms": [round(x, 6) for x in m.block_ms], "samples": len(m.samples),
                            "sample_iqr": round(m.sample_iqr, 6), "attempts": m.attempts, "lock_held": locked}
