@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
 from kevin_exp.bench.config import BenchConfig
-from kevin_exp.bench.exchange import Layout, ensure_size, header_bytes, padded_bytes
+from kevin_exp.bench.exchange import Layout, header_bytes, padded_bytes, seal_size
 from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceFailed, ReferenceProcess, ReferenceTimings
 from kevin_exp.bench.worker_process import Ended, WorkerProcess
 
@@ -167,7 +167,8 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
         in_bytes = max(padded_bytes(prepared["input"]), padded_bytes(prepared["init"]))
         out_bytes = padded_bytes(prepared["output"])
         layout = Layout.for_sizes(in_bytes, out_bytes)
-        ensure_size(exchange_fd, layout.size)
+        seal_size(exchange_fd, layout.size)  # before any candidate code: the runner cannot grow or shrink it
+        ref.attach_exchange(exchange_fd, ref_limit)
     except ReferenceFailed as exc:
         return _reference_failed(outcome, exc)
 
@@ -521,7 +522,8 @@ def _answered(outcome: RunOutcome, runner: WorkerProcess, reply: dict[str, Any] 
     outcome.phase = phase
     if isinstance(reply, Ended):
         if reply.how == "garbage":
-            _violation(outcome, runner, f"the runner wrote something that is not a protocol message: {reply.detail[:80]!r}")
+            _violation(outcome, runner, f"the runner wrote something that is not a message it may send during "
+                       f"{phase} ({reply.detail[:240]})")
             return False
         outcome.status, outcome.ended = "ended", reply
         _finish(outcome, runner)
@@ -545,7 +547,7 @@ def _answered(outcome: RunOutcome, runner: WorkerProcess, reply: dict[str, Any] 
 
 def _violation(outcome: RunOutcome, runner: WorkerProcess, reason: str) -> RunOutcome:
     outcome.status, outcome.rule = "forbidden", "protocol_violation"
-    outcome.reason = reason + "; the run counts for nothing"
+    outcome.reason = f"protocol_violation: {reason}; the run counts for nothing"
     return _finish(outcome, runner)
 
 
