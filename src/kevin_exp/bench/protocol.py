@@ -163,12 +163,13 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
         outcome.device = prepared["device"]
         outcome.ref_ms, outcome.ref_cached = reference_timing(ref, timings, job.reference, prepared, config, quiet,
                                                               refresh_reference)
-        lap("reference_s")
         in_bytes = max(padded_bytes(prepared["input"]), padded_bytes(prepared["init"]))
         out_bytes = padded_bytes(prepared["output"])
         layout = Layout.for_sizes(in_bytes, out_bytes)
+        lap("reference_s")
         seal_size(exchange_fd, layout.size)  # before any candidate code: the runner cannot grow or shrink it
         ref.attach_exchange(exchange_fd, ref_limit)
+        lap("exchange_s")
     except ReferenceFailed as exc:
         return _reference_failed(outcome, exc)
 

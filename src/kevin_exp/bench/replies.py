@@ -10,15 +10,17 @@ with NaN allowed (a comparison's largest difference may be one) and no schema.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kevin_exp.bench.exchange import HeaderError, validate
+from kevin_exp.bench.spec import ExtensionSpec
 
 MAX_LINE_BYTES = 1 << 20
-MAX_DEPTH = 8  # a done message with a nested output header is 7 deep
+MAX_DEPTH = 12  # a done message whose output header nests as deep as `exchange.validate` allows is 11 deep
 MAX_INT_DIGITS = 19
 MAX_ITEMS = 256
 INT64 = 1 << 63
@@ -106,8 +108,37 @@ def text(max_chars: int) -> Check:
     def check(v: Any) -> str | None:
         if not isinstance(v, str):
             return f"must be a string, not {_kind(v)}"
-        return None if len(v) <= max_chars else f"a string of {len(v)} characters (at most {max_chars})"
+        if len(v) > max_chars:
+            return f"a string of {len(v)} characters (at most {max_chars})"
+        return None if _encodable(v) else "a string that is not valid unicode (a lone surrogate)"
     return check
+
+
+def _encodable(v: str) -> bool:
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def build_spec(v: Any) -> str | None:
+    """The arguments of a ``load_inline`` call (``spec.ExtensionSpec``'s fields): a name, strings, lists of
+    strings, a bool or null; the evaluator checks what they say before anything is built."""
+    if not isinstance(v, dict):
+        return f"must be an object, not {_kind(v)}"
+    fields = {f.name for f in dataclasses.fields(ExtensionSpec)}
+    unknown = set(v) - fields
+    if unknown:
+        return f"unknown keys {sorted(k[:40] for k in unknown)[:5]}"
+    if not isinstance(v.get("name"), str):
+        return "lacks a name"
+    for key, value in v.items():
+        ok = value is None or isinstance(value, (bool, str)) or (
+            isinstance(value, list) and len(value) <= 4096 and all(isinstance(x, str) for x in value))
+        if not ok:
+            return f"{key!r} must be a string, a list of strings, a bool or null"
+    return _plain(v, 2, 4096, 1 << 20)
 
 
 def nullable(inner: Check) -> Check:
@@ -120,7 +151,12 @@ def header(v: Any) -> str | None:
         validate(v, 0, INT64)
     except HeaderError as exc:
         return str(exc)[:200]
-    return _plain(v, 6, 64, 1000)
+    return _plain(v, MAX_DEPTH, 64, 1000)
+
+
+def fingerprint(v: Any) -> str | None:
+    """An input fingerprint (``sampling.fingerprint``): a list, one entry per input leaf."""
+    return _plain(v, 3, 256, 200) if isinstance(v, list) else f"must be a list, not {_kind(v)}"
 
 
 def plain(depth: int, max_items: int, max_chars: int) -> Check:
@@ -136,7 +172,9 @@ def _plain(v: Any, depth: int, max_items: int, max_chars: int) -> str | None:
     if isinstance(v, float):
         return None if math.isfinite(v) else "a number that is not finite"
     if isinstance(v, str):
-        return None if len(v) <= max_chars else f"a string of {len(v)} characters (at most {max_chars})"
+        if len(v) > max_chars:
+            return f"a string of {len(v)} characters (at most {max_chars})"
+        return None if _encodable(v) else "a string that is not valid unicode (a lone surrogate)"
     if depth <= 0:
         return "nested too deep"
     if isinstance(v, list):
@@ -147,8 +185,8 @@ def _plain(v: Any, depth: int, max_items: int, max_chars: int) -> str | None:
         if len(v) > max_items:
             return f"an object of {len(v)} keys (at most {max_items})"
         items = list(v.values())
-        if any(len(k) > max_chars for k in v):
-            return "an over-long key"
+        if any(len(k) > max_chars or not _encodable(k) for k in v):
+            return "an over-long or invalid key"
     else:
         return f"a {_kind(v)}"
     for item in items:
@@ -177,7 +215,7 @@ REASON = text(100_000)
 
 RUNNER: dict[str, Message] = {
     # start-up ("ready" with no index) and a staged call ("ready" with its index)
-    "ready": Message(optional={"i": CALL_INDEX, "busy_ms": MILLISECONDS, "fingerprint": plain(4, 256, 200)}),
+    "ready": Message(optional={"i": CALL_INDEX, "busy_ms": MILLISECONDS, "fingerprint": fingerprint}),
     "problem_ready": Message(),
     "loaded": Message({"device": text(200), "load_s": number(0.0, 1e6)}),
     "ran": Message({"i": CALL_INDEX, "ms": nullable(MILLISECONDS)}),
@@ -186,7 +224,7 @@ RUNNER: dict[str, Message] = {
     "ended": Message(),
     "rejected": Message({"status": text(40), "reason": REASON},
                         {"rule": nullable(text(200)), "detail": text(500_000)}),
-    "needs_build": Message({"spec": plain(3, 4096, 400_000)}),
+    "needs_build": Message({"spec": build_spec}),
     "worker_error": Message({"reason": REASON}),
 }
 
