@@ -254,14 +254,22 @@ def evaluator(build_cache):
 
 
 def _gone(worker, slot) -> bool:
+    """The runner was killed and waited for, and its pid names no running process (a zombie the fork server has
+    yet to reap is dead)."""
     for reaper in slot._reapers:
         reaper.join(timeout=15)
     if worker.proc.returncode is None:
         return False
-    try:
-        os.kill(worker.proc.pid, 0)
-    except ProcessLookupError:
-        return True
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{worker.proc.pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in (b"Z", b"X"):
+            return True
+        time.sleep(0.1)
     return False
 
 
@@ -273,7 +281,8 @@ def test_a_bad_reply_ends_its_candidate_and_kills_its_runner_and_the_next_one_is
     assert attack.status.value in ("forbidden", "crashed"), (attack.status, attack.reason)
     assert attack.reason.startswith("protocol_violation: "), attack.reason
     assert not attack.correct and attack.speedup is None
-    assert _gone(runner, evaluator._slots[0]), f"runner {runner.proc.pid} of {name} is still there"
+    assert _gone(runner, evaluator._slots[0]), (f"runner {runner.proc.pid} of {name} is still there "
+                                                f"(returncode {runner.proc.returncode}, {attack.reason})")
     [honest] = evaluator.evaluate([EvalItem(f"{name}:honest", PROBLEM, HONEST)])
     assert honest.status.value == "ok", (honest.status, honest.reason, honest.feedback)
 

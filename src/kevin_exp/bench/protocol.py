@@ -453,6 +453,8 @@ class _TrialChecks(_Checks):
     def answer(self, ran: _Ran, asked: dict[str, Any]) -> bool:
         check = self.ref.answer(asked, self.config.hang_ceiling_s + REFERENCE_SLACK_S)
         outcome = self.outcome
+        if outcome.rule == "protocol_violation":
+            return False  # the runner broke the protocol while this check ran: that is what the run ends on
         outcome.checked_calls += 1
         if not check["ok"]:
             if check.get("malformed"):
