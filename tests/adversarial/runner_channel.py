@@ -3,8 +3,8 @@ write-only pipe past stderr) and the shared exchange (found as the one descripto
 One extension serves every attack of ``test_reply_fuzz`` and ``test_exchange_leaks`` (built once): what each
 does is chosen by the Python part, which passes the bytes to write and when to write them.
 
-``strike(payload, then)`` writes ``payload`` to the reply pipe, then ``_exit``s (``then`` = 0) or sleeps
-forever (1); ``leaky(x)`` is the honest kernel; ``leave(marker)`` grows the exchange by a page where it can and
+``strike(payload, then)`` writes ``payload`` to the reply pipe, then ``_exit``s (``then`` = 0), sleeps
+forever (1) or goes on (2); ``leaky(x)`` is the honest kernel; ``leave(marker)`` grows the exchange by a page where it can and
 writes ``marker`` past its end (else at its last bytes); ``find(marker)`` says whether the exchange holds it;
 ``grow(bytes)`` tries to make the exchange that large, and says whether it could; ``leaky_or_zeros(x, signal)``
 is the honest output, or zeros when ``signal`` is set (how a verdict shows what a candidate found).
@@ -60,7 +60,7 @@ int64_t strike(std::string payload, int64_t then) {
         off += static_cast<size_t>(n);
     }
     if (then == 0) _exit(0);
-    for (;;) sleep(1000);
+    while (then == 1) sleep(1000);
     return fd;
 }
 

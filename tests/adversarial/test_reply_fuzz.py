@@ -215,6 +215,9 @@ END_TO_END = [
     ("ready_deep_while_the_reference_checks", 2, repr(_ran(2) + _fake({"op": "done", "i": 2, "outputs": EMPTY,
                                                                        "after": EMPTY, "shape": EMPTY}))
      + " + '[' * 100000 + ']' * 100000 + '\\n'", "spin"),
+    # a valid "ran" written during a timed call, before it returns, stops the parent's clock early; the harness's own "ran"
+    # then comes where "done" should
+    ("ran_early_then_the_work", 3, repr(_fake({"op": "ran", "i": 3, "ms": 0.001})), "go_on"),
     ("done_before_ran", 0, repr(_fake({"op": "done", "i": 0, "outputs": EMPTY, "after": EMPTY})), "spin"),
     ("done_deep_header", 0, repr(_ran(0)) + " + '{\"op\": \"done\", \"i\": 0, \"outputs\": ' + '[' * 100000 + ']' * 100000 "
      "+ ', \"after\": {\"t\": \"list\", \"items\": []}}\\n'", "spin"),
@@ -224,7 +227,7 @@ END_TO_END = [
 
 
 def attack_source(where: object, payload: str, then: str) -> str:
-    strike = f"ext.strike({payload}, {0 if then == 'exit' else 1})"
+    strike = f"ext.strike({payload}, {dict(exit=0, spin=1, go_on=2)[then]})"
     if where == "load":
         return channel_candidate(init=strike)
     return channel_candidate(prelude="\nCALLS = []\n", forward=f"""
