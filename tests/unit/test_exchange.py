@@ -98,3 +98,25 @@ def test_the_shared_file_can_grow_but_not_shrink():
             os.ftruncate(fd, 0)  # what a hostile runner holding the descriptor would try
     finally:
         os.close(fd)
+
+
+def test_a_sealed_exchange_keeps_its_size_and_its_seals_whoever_asks():
+    import fcntl
+
+    from kevin_exp.bench.exchange import seal_size, sealed_size
+
+    fd = new_exchange_fd(64)
+    try:
+        assert not sealed_size(fd)
+        seal_size(fd, 4096)
+        assert os.fstat(fd).st_size == 4096 and sealed_size(fd)
+        for size in (1 << 30, 64):
+            with pytest.raises(PermissionError):
+                os.ftruncate(fd, size)
+        with pytest.raises(PermissionError):  # past its end: a write that would grow it
+            os.pwrite(fd, b"marker", 4096)
+        with pytest.raises(PermissionError):  # no seal can be added (or a write seal set on the reference)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)
+        assert os.pwrite(fd, b"inside", 4090) == 6
+    finally:
+        os.close(fd)

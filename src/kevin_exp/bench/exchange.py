@@ -1,6 +1,7 @@
 """Tensors between the trusted reference process and the candidate's runner: raw bytes in a shared memory
-file (a memfd the parent creates and hands to both as an inherited descriptor, since the candidate's sandbox
-has a private /tmp and /dev/shm), described by small JSON headers.
+file (a memfd the parent creates for each runner and hands to it as an inherited descriptor, since the
+candidate's sandbox has a private /tmp and /dev/shm, and to the reference process for that runner's run;
+its size is sealed before the candidate loads), described by small JSON headers.
 
 A header is ``{"t": "tensor", "dtype", "shape", "offset", "nbytes"}``, ``{"t": "value", "value"}`` (a JSON
 number, bool, short string or null) or ``{"t": "list"|"tuple", "items": [...]}``. Nothing here unpickles or imports
@@ -62,13 +63,28 @@ class Layout:
 
 
 def new_exchange_fd(size: int) -> int:
-    """A fresh anonymous shared memory file of ``size`` bytes, inheritable by children, sealed against
-    shrinking (a runner that truncated it would make the reference process's reads fault)."""
+    """A fresh anonymous shared memory file of ``size`` bytes for one runner (and the reference process while it
+    serves that runner), sealed against shrinking (a truncated file would make the reference process's reads
+    fault); ``seal_size`` fixes its size for good before any candidate code runs."""
     fd = os.memfd_create("kx-exchange", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, max(size, ALIGN))
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
-    os.set_inheritable(fd, True)
     return fd
+
+
+def seal_size(fd: int, size: int) -> None:
+    """Grow the runner's exchange so that ``size`` bytes fit, then seal it: no process can grow or shrink it, or
+    add or remove a seal (a runner's ``ftruncate`` fails with EPERM). Called before the runner loads its candidate;
+    the exchange dies with the run, so nothing a candidate writes there reaches another candidate."""
+    if os.fstat(fd).st_size < size:
+        os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+
+
+def sealed_size(fd: int) -> bool:
+    """Whether the file's size is sealed for good (``seal_size``)."""
+    want = fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+    return fcntl.fcntl(fd, fcntl.F_GET_SEALS) & want == want
 
 
 def ensure_size(fd: int, size: int) -> None:
@@ -91,6 +107,8 @@ class Region:
         self._old: list[mmap.mmap] = []
 
     def mapped(self, need: int) -> mmap.mmap:
+        if self.fd < 0:
+            raise HeaderError("no shared region is attached")
         if self.mm is None or self.size < need:
             size = os.fstat(self.fd).st_size
             if size < need:
@@ -103,6 +121,20 @@ class Region:
             if self.pin:
                 self._pin()
         return self.mm
+
+    def close(self) -> None:
+        """Unmap and close the file (a mapping a tensor still holds is left to the garbage collector)."""
+        self._unpin()
+        for mm in (*self._old, self.mm):
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:
+                    pass
+        self.mm, self.size, self._old = None, 0, []
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def _pin(self) -> None:
         import torch

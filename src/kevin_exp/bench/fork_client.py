@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kevin_exp.bench.cpu_split import pin_process_tree
+from kevin_exp.bench.replies import ReplyError, parse_line
 from kevin_exp.bench.sandbox import python_env
 
 START_TIMEOUT_S = 180.0
@@ -110,20 +111,27 @@ class ForkServer:
             if not data:
                 self._server_died()
                 return
-            message = json.loads(data)
-            op = message.get("op")
-            with self._replied:
-                if op == "exited":
-                    runner = self._runners.pop(int(message["pid"]), None)
-                    if runner is not None:
-                        runner.ended(int(message["status"]))
-                    else:
-                        self._early_exits[int(message["pid"])] = int(message["status"])
-                elif op == "ready":
-                    self._ready = message
+            try:  # the server never runs candidate code; a message it should not send means it is broken
+                message = parse_line(data, strict=False)
+                self._take(message)
+            except (ReplyError, KeyError, TypeError, ValueError):
+                self._server_died()
+                return
+
+    def _take(self, message: dict) -> None:
+        op = message.get("op")
+        with self._replied:
+            if op == "exited":
+                runner = self._runners.pop(int(message["pid"]), None)
+                if runner is not None:
+                    runner.ended(int(message["status"]))
                 else:
-                    self._replies[int(message["id"])] = message
-                self._replied.notify_all()
+                    self._early_exits[int(message["pid"])] = int(message["status"])
+            elif op == "ready":
+                self._ready = message
+            else:
+                self._replies[int(message["id"])] = message
+            self._replied.notify_all()
 
     def _server_died(self) -> None:
         with self._replied:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
 from kevin_exp.bench.config import BenchConfig
-from kevin_exp.bench.exchange import Layout, ensure_size, header_bytes, padded_bytes
+from kevin_exp.bench.exchange import Layout, header_bytes, padded_bytes, seal_size
 from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceFailed, ReferenceProcess, ReferenceTimings
 from kevin_exp.bench.reference_timing import REFERENCE_TIMING_BLOCKS, Measurement, settle
 from kevin_exp.bench.worker_process import Ended, WorkerProcess
@@ -166,11 +166,13 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
         outcome.device = prepared["device"]
         outcome.ref_ms, outcome.ref_cached, outcome.reference = reference_timing(
             ref, timings, job.reference, prepared, config, quiet, refresh_reference)
-        lap("reference_s")
         in_bytes = max(padded_bytes(prepared["input"]), padded_bytes(prepared["init"]))
         out_bytes = padded_bytes(prepared["output"])
         layout = Layout.for_sizes(in_bytes, out_bytes)
-        ensure_size(exchange_fd, layout.size)
+        lap("reference_s")
+        seal_size(exchange_fd, layout.size)  # before any candidate code: the runner cannot grow or shrink it
+        ref.attach_exchange(exchange_fd, ref_limit)
+        lap("exchange_s")
     except ReferenceFailed as exc:
         return _reference_failed(outcome, exc)
 
@@ -454,6 +456,8 @@ class _TrialChecks(_Checks):
     def answer(self, ran: _Ran, asked: dict[str, Any]) -> bool:
         check = self.ref.answer(asked, self.config.hang_ceiling_s + REFERENCE_SLACK_S)
         outcome = self.outcome
+        if outcome.rule == "protocol_violation":
+            return False  # the runner broke the protocol while this check ran: that is what the run ends on
         outcome.checked_calls += 1
         if not check["ok"]:
             if check.get("malformed"):
@@ -524,7 +528,8 @@ def _answered(outcome: RunOutcome, runner: WorkerProcess, reply: dict[str, Any] 
     outcome.phase = phase
     if isinstance(reply, Ended):
         if reply.how == "garbage":
-            _violation(outcome, runner, f"the runner wrote something that is not a protocol message: {reply.detail[:80]!r}")
+            _violation(outcome, runner, f"the runner wrote something that is not a message it may send during "
+                       f"{phase} ({reply.detail[:240]})")
             return False
         outcome.status, outcome.ended = "ended", reply
         _finish(outcome, runner)
@@ -548,7 +553,7 @@ def _answered(outcome: RunOutcome, runner: WorkerProcess, reply: dict[str, Any] 
 
 def _violation(outcome: RunOutcome, runner: WorkerProcess, reason: str) -> RunOutcome:
     outcome.status, outcome.rule = "forbidden", "protocol_violation"
-    outcome.reason = reason + "; the run counts for nothing"
+    outcome.reason = f"protocol_violation: {reason}; the run counts for nothing"
     return _finish(outcome, runner)
 
 

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -32,20 +33,27 @@ class ReferenceFailed(Exception):
 
 
 class ReferenceProcess(ChildProcess):
-    def __init__(self, backend: str, exchange_fd: int, cuda_device: str | None, threads: int,
-                 max_output_bytes: int = 1 << 20) -> None:
+    def __init__(self, backend: str, cuda_device: str | None, threads: int, max_output_bytes: int = 1 << 20) -> None:
+        """The process starts with no shared region: each run attaches its runner's (``attach_exchange``)."""
         env = python_env()
         if cuda_device is not None:
             env["CUDA_VISIBLE_DEVICES"] = cuda_device
         env["PYTHONUNBUFFERED"] = "1"
         self.private_dir = Path(tempfile.mkdtemp(prefix="kx-reference-"))
         read_fd, write_fd = os.pipe()
+        # each run's exchange descriptor is handed over on this socket (SCM_RIGHTS)
+        self._fd_socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cmd = [sys.executable, "-m", "kevin_exp.bench.reference_server", "--reply-fd", str(write_fd),
-               "--exchange-fd", str(exchange_fd), "--backend", backend]
+               "--exchange-socket", str(theirs.fileno()), "--backend", backend]
         if threads:
             cmd += ["--threads", str(threads)]
-        super().__init__(cmd, env, write_fd, read_fd, (exchange_fd,), 1 << 50, max_output_bytes, cwd=self.private_dir)
+        try:
+            super().__init__(cmd, env, write_fd, read_fd, (theirs.fileno(),), 1 << 50, max_output_bytes,
+                             cwd=self.private_dir)
+        finally:
+            theirs.close()
         self._ready = False
+        self.pending = 0  # requests asked and not yet answered: nonzero after a run means it is a reply behind
         self.busy_s = 0.0  # seconds the process reported working on requests (``answer``)
         self.busy_by_op: dict[str, float] = {}  # the same, by request
 
@@ -63,9 +71,11 @@ class ReferenceProcess(ChildProcess):
             self._ready = True
         if not self.send(request):
             raise ReferenceFailed("the reference process is gone", self.output_tail())
+        self.pending += 1
 
     def answer(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         reply = self.recv(time.monotonic() + timeout_s)
+        self.pending -= 1
         if isinstance(reply, Ended):
             raise ReferenceFailed(f"the reference process failed during {request.get('op')!r} ({self._why(reply)})",
                                   self.output_tail())
@@ -77,12 +87,22 @@ class ReferenceProcess(ChildProcess):
         self.busy_by_op[op] = self.busy_by_op.get(op, 0.0) + busy
         return reply
 
+    def attach_exchange(self, fd: int, timeout_s: float) -> None:
+        """Serve the run of the runner whose shared region is ``fd`` (the one before is let go)."""
+        self.ask({"op": "exchange"})
+        try:
+            socket.send_fds(self._fd_socket, [b"x"], [fd])
+        except OSError as exc:
+            raise ReferenceFailed(f"the reference process cannot take the shared region ({exc})", self.output_tail())
+        self.answer({"op": "exchange"}, timeout_s)
+
     def _why(self, ended: Any) -> str:
         if isinstance(ended, Ended):
             return {"timeout": "no reply in time"}.get(ended.how, ended.how)
         return f"unexpected reply {str(ended)[:200]}"
 
     def _cleanup(self) -> None:
+        self._fd_socket.close()
         shutil.rmtree(self.private_dir, ignore_errors=True)
 
 

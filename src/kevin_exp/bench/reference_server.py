@@ -5,7 +5,8 @@ headers checked here before a byte is read.
 
 It loads a problem, builds ``Model`` with the construction seed, times the reference (the parent caches that
 on disk), draws each trial's inputs from the evaluation's secret seed, computes the expected outputs in
-chunks while the runner is idle, hands each trial's inputs to the runner through the region, and checks the
+chunks while the runner is idle, hands each trial's inputs to the runner through the region (each run's runner
+has its own, handed over on ``--exchange-socket``), and checks the
 runner's outputs and post-call inputs against its own. Requests are JSON lines on stdin, replies JSON lines
 on ``--reply-fd``.
 """
@@ -15,6 +16,7 @@ import argparse
 import hashlib
 import json
 import os
+import socket
 import sys
 import time
 from collections import OrderedDict
@@ -78,8 +80,9 @@ class _Sampled:
 
 
 class Server:
-    def __init__(self, exchange_fd: int, backend: str) -> None:
-        self.region = Region(exchange_fd, pin=backend == "cuda")
+    def __init__(self, exchange_socket: socket.socket | None, backend: str) -> None:
+        self.exchange_socket = exchange_socket
+        self.region = Region(-1, pin=backend == "cuda")  # the current run's runner's, once attached
         self.backend = backend
         self.device = torch.device("cuda" if backend == "cuda" else "cpu")
         self.problems: OrderedDict[str, Problem] = OrderedDict()
@@ -105,6 +108,17 @@ class Server:
         return {"op": "prepared", "input": problem.input_header, "output": problem.output_header,
                 "init": describe(list(problem.init_inputs)), "device": device_name(self.device),
                 "torch": torch.__version__, "seeded": problem.seeded}
+
+    def op_exchange(self, r: dict[str, Any]) -> dict[str, Any]:
+        """The shared region of the runner the next run is with, its descriptor sent on the exchange socket; the
+        region before it is unmapped and closed (it belonged to a runner that is gone)."""
+        assert self.exchange_socket is not None
+        _, fds, _, _ = socket.recv_fds(self.exchange_socket, 16, 1)
+        if len(fds) != 1:
+            raise RuntimeError("no shared region came with the request")
+        self.region.close()
+        self.region = Region(fds[0], pin=self.backend == "cuda")
+        return {"op": "attached"}
 
     def op_stage_init(self, r: dict[str, Any]) -> dict[str, Any]:
         layout = Layout.from_json(r["layout"])
@@ -249,7 +263,7 @@ class Server:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="kevin_exp.bench.reference_server")
     parser.add_argument("--reply-fd", type=int, required=True)
-    parser.add_argument("--exchange-fd", type=int, required=True)
+    parser.add_argument("--exchange-socket", type=int, default=-1, help="each run's shared region comes on it")
     parser.add_argument("--backend", choices=("cpu", "cuda"), required=True)
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
@@ -259,7 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.backend == "cuda":
         torch.cuda.init()
         torch.empty(1, device="cuda")
-    server = Server(args.exchange_fd, args.backend)
+    sock = socket.socket(fileno=args.exchange_socket) if args.exchange_socket >= 0 else None
+    server = Server(sock, args.backend)
     replies.write(json.dumps({"op": "ready", "pid": os.getpid()}) + "\n")
     replies.flush()
     for line in sys.stdin.buffer:

@@ -1,7 +1,10 @@
 """Run slots: the serial stage. A slot owns one device (or a CPU share) and runs one candidate at a time:
 its warm trusted reference process, and a fresh sandboxed runner per candidate, taken from standby runners
 that keep starting so a runner's cold start (sandbox, torch, CUDA, the op guard) is not paid per candidate.
-The two share one memfd (``exchange``) for tensors; the parent drives them in lockstep (``protocol``)."""
+Each runner has its own memfd (``exchange``) for tensors, sealed at its size before its candidate loads and handed
+to the reference process for its run; the parent drives the two in lockstep (``protocol``). Whatever a run ends
+in, the next one finds the slot as it would have without it: the runner killed, the reference process in step
+(restarted when it is not)."""
 from __future__ import annotations
 
 import contextlib
@@ -40,7 +43,9 @@ class RunSlot:
         self.cpus, self.standby_cpus = cpus, standby_cpus
         self.policy, self.config, self.run_root, self.cache_dir, self.threads = (
             policy, config, run_root, cache_dir, threads)
-        self.exchange_fd = new_exchange_fd(ALIGN)
+        # a new runner's exchange starts at the largest size a run has sealed (it is mapped, and on cuda
+        # page-locked, while the runner starts, not during its run)
+        self.exchange_size = ALIGN
         self.timings = ReferenceTimings(cache_dir)
         self._reference: ReferenceProcess | None = None
         self._standby: deque[WorkerProcess] = deque()
@@ -59,7 +64,7 @@ class RunSlot:
             self._reference.close()
             self._reference = None
         if self._reference is None:
-            self._reference = ReferenceProcess(self.config.backend, self.exchange_fd, self.device, self.threads,
+            self._reference = ReferenceProcess(self.config.backend, self.device, self.threads,
                                                self.config.max_output_bytes)
             # on cpu the reference is timed on the cores the candidate is timed on
             self._reference.pin(self.cpus if self.config.backend == "cpu" else self.standby_cpus)
@@ -74,16 +79,23 @@ class RunSlot:
         if self.config.backend == "cuda":
             self._top_up()  # the next ones start while this one runs (on CPU they would take the timed run's cores)
         t0 = time.monotonic()
-        with self._on_own_cores(worker), prompt_handoff():
-            outcome = run_protocol(ref, worker, self.exchange_fd, self.timings, job, self.config, seed,
-                                   quiet=self._quiet, refresh_reference=refresh_reference,
-                                   device_quiet=self.gate.quiet if self.gate is not None else contextlib.nullcontext)
+        try:
+            with self._on_own_cores(worker), prompt_handoff():
+                outcome = run_protocol(ref, worker, worker.exchange_fd, self.timings, job, self.config, seed,
+                                       quiet=self._quiet, refresh_reference=refresh_reference,
+                                       device_quiet=self.gate.quiet if self.gate is not None else contextlib.nullcontext)
+        except Exception as exc:  # noqa: BLE001 - an evaluator bug ends this candidate's run, not the slot
+            outcome = RunOutcome(status="crashed", phase="run",
+                                 reason=f"evaluator error during the run: {type(exc).__name__}: {exc}"[:2000])
+            ref.pending = max(ref.pending, 1)  # where it stopped is unknown: the reference is restarted
         run_s = time.monotonic() - t0
         outcome.cores = sorted(self.cpus)
         t1 = time.monotonic()
+        self.exchange_size = max(self.exchange_size, _size_of(worker.exchange_fd))  # (sealed before candidate code)
         self._retire(worker)
-        if outcome.status == "reference_failed" and not ref.alive():
-            self._reference = None
+        if not ref.alive() or ref.pending:
+            self._drop_reference()  # a reply behind (or gone): the next run starts a fresh one
+            outcome.phases["reference_restarted"] = 1.0
         self._top_up()
         # the slot's own time around the run (taking a runner, starting the next ones): diagnostics only
         outcome.phases.update(slot_take_s=round(t0 - t_take, 4), slot_after_s=round(time.monotonic() - t1, 4))
@@ -119,6 +131,11 @@ class RunSlot:
         for reaper in list(self._reapers):
             reaper.join(timeout=REAP_WAIT_S)
 
+    def _drop_reference(self) -> None:
+        if self._reference is not None:
+            self._reference.close()
+            self._reference = None
+
     def close(self) -> None:
         while self._standby:
             self._standby.popleft().close()
@@ -128,10 +145,6 @@ class RunSlot:
         for reaper in self._reapers:
             reaper.join(timeout=REAP_WAIT_S)
         self._reapers.clear()
-        try:
-            os.close(self.exchange_fd)
-        except OSError:
-            pass
         if self.gate is not None:
             self.gate.close()
 
@@ -165,7 +178,7 @@ class RunSlot:
             cfg.backend,
             self.index,
             self.run_root,
-            self.exchange_fd,
+            new_exchange_fd(self.exchange_size),
             cuda_device=self.device,
             cache_dir=self.cache_dir,
             memory_limit_gb=cfg.memory_limit_gb,
@@ -182,6 +195,13 @@ class RunSlot:
         self._reapers = [r for r in self._reapers if r.is_alive()]
         if reaper is not None:
             self._reapers.append(reaper)
+
+
+def _size_of(fd: int) -> int:
+    try:
+        return os.fstat(fd).st_size
+    except OSError:  # already closed by its reaper
+        return 0
 
 
 def slot_devices(cfg: BenchConfig) -> list[str | None]:

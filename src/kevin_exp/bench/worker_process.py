@@ -4,7 +4,8 @@ they started.
 
 ``ChildProcess`` is the plumbing; ``WorkerProcess`` is the candidate's sandboxed runner. The trusted
 reference process (``reference_process.ReferenceProcess``) uses the same plumbing without the sandbox.
-A reply is parsed as JSON and nothing else: whatever the child writes is data to check, never code.
+A reply is parsed as JSON and nothing else: whatever the child writes is data to check, never code. A runner's
+lines are read under ``replies``' limits and message declarations; a line that breaks them ends the runner.
 """
 from __future__ import annotations
 
@@ -25,16 +26,18 @@ from typing import Any
 
 from kevin_exp.bench.cpu_split import pin_process_tree
 from kevin_exp.bench.fork_client import ForkedRunner, ForkServer
+from kevin_exp.bench.replies import MAX_LINE_BYTES, ReplyError, parse_line, read_runner_line
 from kevin_exp.bench.sandbox import SandboxPolicy, namespace_cmd, python_env
 from kevin_exp.bench.uid_lease import UidLease
 from kevin_exp.bench.worker.sandbox_setup import ROOT_ENV
 
-MAX_REPLY_BYTES = 1 << 20
+MAX_REPLY_BYTES = MAX_LINE_BYTES
 
 
 @dataclass
 class Ended:
-    """Why a child gave no reply: 'exited', 'timeout', 'memory' or 'garbage' (a reply that is not a JSON object)."""
+    """Why a child gave no reply: 'exited', 'timeout', 'memory' or 'garbage' (a line that is not a message it may
+    send: ``detail`` says what is wrong with it)."""
 
     how: str
     detail: str = ""
@@ -138,6 +141,8 @@ def _session_rss_bytes(sid: int) -> int:
 class ChildProcess:
     """A child in its own session, with a request pipe (its stdin) and a reply pipe (``--reply-fd``)."""
 
+    strict = False  # whether its every line must be a declared message (``replies``), empty lines included
+
     def pin(self, cpus: frozenset[int]) -> None:
         """Every thread of the child (and of its children) onto ``cpus`` (``cpu_split``; empty: left as is)."""
         pin_process_tree(self.proc.pid, cpus)
@@ -177,15 +182,16 @@ class ChildProcess:
                 line = None if item is None else item[0]
                 if line is None:
                     self._eof = True
-                elif line:
+                elif item is not _ReplyPipe.EMPTY and (line or self.strict):
                     try:
-                        message = json.loads(line.decode("utf-8"))
-                    except (UnicodeDecodeError, json.JSONDecodeError):
-                        message = None
-                    if isinstance(message, dict):
-                        self.reply_at = item[1]
-                        return message
-                    return self._end(Ended("garbage", line[:200].decode("utf-8", "replace")))
+                        if line.endswith(b"\x00"):  # what ``_ReplyPipe`` makes of an over-long line or a cut-off tail
+                            raise ReplyError(f"a line over {MAX_REPLY_BYTES} bytes" if line == b"\x00"
+                                             else "a line cut off by the end of the pipe")
+                        message = self._read_line(line)
+                    except ReplyError as exc:
+                        return self._end(Ended("garbage", f"{exc}: {line[:80].decode('utf-8', 'replace')!r}"))
+                    self.reply_at = item[1]
+                    return message
             else:
                 time.sleep(0.02)
             if self._exited():
@@ -197,6 +203,10 @@ class ChildProcess:
                 next_rss_check = now + 0.2
                 if _session_rss_bytes(self.proc.pid) > self.memory_limit_bytes:
                     return self._end(Ended("memory"))
+
+    def _read_line(self, line: bytes) -> dict[str, Any]:
+        """One line as a message (``ReplyError`` otherwise): a trusted child's, as JSON (NaN allowed)."""
+        return parse_line(line, strict=False)
 
     def _end(self, ended: Ended) -> Ended:
         self._kill_group()
@@ -275,11 +285,16 @@ class ChildProcess:
 class WorkerProcess(ChildProcess):
     """The candidate's runner: a sandboxed process, warm (torch imported, CUDA up) before its one candidate."""
 
+    strict = True
+
     def __init__(self, policy: SandboxPolicy, backend: str, slot: int, root_dir: Path, exchange_fd: int,
                  cuda_device: str | None = None, cache_dir: Path | None = None, memory_limit_gb: float = 8.0,
                  threads: int = 0, max_output_bytes: int = 1 << 20, forbid_new_tasks: bool = True,
                  device_gate_fd: int = -1, fork_server: ForkServer | None = None) -> None:
+        """``exchange_fd``: the runner's own shared region (``exchange.new_exchange_fd``); this object owns it and
+        closes it when the runner is reaped."""
         self.policy, self.backend, self.slot = policy, backend, slot
+        self.exchange_fd = exchange_fd
         self.workdir = root_dir / f"slot{slot}-{uuid.uuid4().hex[:12]}"
         self._lease = UidLease() if policy.mode == "namespace" and policy.drop_uid else None
         env = python_env()
@@ -322,10 +337,16 @@ class WorkerProcess(ChildProcess):
         try:
             super().__init__(cmd, env, write_fd, read_fd, passed, int(memory_limit_gb * (1 << 30)), max_output_bytes,
                              started=started)
+        except BaseException:
+            os.close(exchange_fd)
+            raise
         finally:
             if device_gate_fd >= 0:
                 os.close(device_gate_fd)  # the runner's own description of the gate: only the runner holds it
         self._ready: dict[str, Any] | Ended | None = None
+
+    def _read_line(self, line: bytes) -> dict[str, Any]:
+        return read_runner_line(line)
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any] | Ended:
         """Wait for the runner's warm-up to finish (before a candidate is sent, and before the reference is timed on
@@ -337,6 +358,9 @@ class WorkerProcess(ChildProcess):
     def _cleanup(self) -> None:
         import shutil
 
+        if self.exchange_fd >= 0:
+            os.close(self.exchange_fd)
+            self.exchange_fd = -1
         if self._lease is not None:
             self._lease.release()
         if self.policy.mode != "namespace":
