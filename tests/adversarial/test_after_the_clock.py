@@ -56,11 +56,8 @@ static void later(torch::Tensor& xc, torch::Tensor& out) {
 }
 """
 
-# (a) a SIGALRM handler, a one-shot timer 300 us after the call returned (struct itimerval declared here: its
-# header is refused, the call is not)
+# (a) a SIGALRM handler, a one-shot timer 40 us after the call returned (<csignal> declares setitimer)
 SIGALRM_TIMER = candidate(_LATER + r"""
-struct kx_itimerval { long interval_s, interval_us, value_s, value_us; };
-extern "C" int setitimer(int which, const kx_itimerval* value, kx_itimerval* old);
 
 torch::Tensor leaky(torch::Tensor x) {
     static bool armed = false;
@@ -75,8 +72,9 @@ torch::Tensor leaky(torch::Tensor x) {
     auto xc = x.contiguous();
     auto out = torch::empty_like(xc);
     later(xc, out);
-    kx_itimerval t{0, 0, 0, 300};
-    setitimer(0, &t, nullptr);
+    itimerval t{};
+    t.it_value.tv_usec = 40;  // after "ran" is written, before the harness reads "collect"
+    setitimer(ITIMER_REAL, &t, nullptr);
     return out;
 }
 """, name="adv_sigalrm_timer")
@@ -130,18 +128,19 @@ torch::Tensor leaky(torch::Tensor x) {
     auto xc = x.contiguous();
     auto out = torch::empty_like(xc);
     later(xc, out);
-    long t[4] = {0, 0, 0, 300};
+    long t[4] = {0, 0, 0, 40};
     raw4(38, 0, (long)t, 0, 0);
     return out;
 }
 """, name="adv_raw_syscall_timer")
 
 
-def _with_overwrite(body: str, includes: str = "") -> str:
+def _with_overwrite(body: str) -> str:
     """The slowed clock of test_recheck with another way of writing libc's page."""
     start = _SLOW_CLOCK_CPP.index("static bool overwrite(")
     end = _SLOW_CLOCK_CPP.index("int slow_down()")
-    return includes + _SLOW_CLOCK_CPP[:start] + body + "\n" + _SLOW_CLOCK_CPP[end:]
+    head = _SLOW_CLOCK_CPP[:start].replace('extern "C" int pkey_mprotect(void* addr, size_t len, int prot, int pkey);', "")
+    return head + body + "\n" + _SLOW_CLOCK_CPP[end:]
 
 
 def _slow_clock(cpp: str, name: str) -> str:
@@ -179,13 +178,13 @@ _PAGE_COPY = r"""
 #include <vector>
 
 // libc's two pages around `where`, patched, in a file; the file mapped over them (MAP_FIXED, read + execute)
-static bool map_patched_copy(int fd, off_t at, void* where, const unsigned char* code, size_t len) {
+static bool map_patched_copy(int fd, off_t offset, void* where, const unsigned char* code, size_t len) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t first = reinterpret_cast<uintptr_t>(where) & ~(page - 1);
     std::vector<unsigned char> copy(reinterpret_cast<unsigned char*>(first), reinterpret_cast<unsigned char*>(first) + 2 * page);
     memcpy(copy.data() + (reinterpret_cast<uintptr_t>(where) - first), code, len);
-    if (pwrite(fd, copy.data(), copy.size(), at) != (ssize_t)copy.size()) return false;
-    void* m = mmap(reinterpret_cast<void*>(first), 2 * page, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fd, at);
+    if (pwrite(fd, copy.data(), copy.size(), offset) != (ssize_t)copy.size()) return false;
+    void* m = mmap(reinterpret_cast<void*>(first), 2 * page, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fd, offset);
     return m == reinterpret_cast<void*>(first);
 }
 """
@@ -211,9 +210,9 @@ static bool overwrite(void* where, const unsigned char* code, size_t len) {
     for (int fd = 3; fd < 256; ++fd) {
         struct stat st;
         if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDWR) continue;
-        off_t at = (st.st_size + page - 1) / page * page;
-        if (ftruncate(fd, at + 2 * page) != 0) continue;
-        if (map_patched_copy(fd, at, where, code, len)) return true;
+        off_t end = (st.st_size + page - 1) / page * page;
+        if (ftruncate(fd, end + 2 * page) != 0) continue;
+        if (map_patched_copy(fd, end, where, code, len)) return true;
     }
     return false;
 }

@@ -19,7 +19,12 @@ from tests.adversarial.attacks import Attack, candidate, judge, stopped
 
 CONFIG = {"cpus": 2, "rules": CheckRules(no_native_library_compute=False)}
 
-_ON_THE_LAST_THREAD = r"""
+_HEADERS = r"""
+#include <torch/extension.h>
+#include <ATen/record_function.h>
+"""
+
+_ON_THE_LAST_THREAD = _HEADERS + r"""
 #include <omp.h>
 
 torch::Tensor leaky(torch::Tensor x) {
@@ -39,7 +44,7 @@ torch::Tensor leaky(torch::Tensor x) {
 WORKER_SWITCHES_OFF = candidate(_ON_THE_LAST_THREAD.replace("SWITCH_OFF", "at::enableRecordFunction(false);"),
                                 name="adv_watch_off_on_worker", imports="")
 
-_DUMMY_CALLBACK = r"""
+_DUMMY_CALLBACK = _HEADERS + r"""
 static std::unique_ptr<at::ObserverContext> nothing(const at::RecordFunction&) { return nullptr; }
 """
 WORKER_CLEARS_CALLBACKS = candidate(_DUMMY_CALLBACK + _ON_THE_LAST_THREAD.replace(
@@ -47,7 +52,7 @@ WORKER_CLEARS_CALLBACKS = candidate(_DUMMY_CALLBACK + _ON_THE_LAST_THREAD.replac
                   "at::addGlobalCallback(at::RecordFunctionCallback(nothing)); }"), name="adv_watch_callbacks_cleared")
 
 # on the main thread, switched off only while ATen works and on again before forward returns
-MAIN_THREAD_SWITCH_OFF = candidate(r"""
+MAIN_THREAD_SWITCH_OFF = candidate(_HEADERS + r"""
 torch::Tensor leaky(torch::Tensor x) {
     auto xc = x.contiguous();
     at::enableRecordFunction(false);

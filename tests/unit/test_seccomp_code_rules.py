@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or platform
                                 reason="the calls below are made by x86_64 number")
 
 PRELUDE = """
-import ctypes, json, mmap, os, sys
+import ctypes, faulthandler, json, mmap, os, sys
+faulthandler.enable()  # as the runner does, before the filter
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 libc.mmap.restype = ctypes.c_void_p
@@ -30,16 +31,20 @@ libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_i
 def sc(nr, *args):
     return libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
 buf = ctypes.create_string_buffer(256)
+act = ctypes.create_string_buffer((0x401000).to_bytes(8, "little") + bytes(248))  # a handler at an address
 page = libc.mmap(None, 4096, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
 from kevin_exp.bench import seccomp
+from kevin_exp.bench import runtime_guard
 reporter = ctypes.CDLL(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] else None
+if reporter is None:
+    runtime_guard.loaded_op_watch = lambda: None  # no trap handler: refused calls kill outright
 how = seccomp.forbid_new_tasks(reporter)
 print("filtered", how, flush=True)
 """
 
 # name -> the refused call, as Python source run after the filter
 REFUSED: dict[str, str] = {
-    "rt_sigaction": "sc(13, 14, buf, None, 8)",  # SIGALRM with a new action
+    "rt_sigaction": "sc(13, 14, act, None, 8)",  # SIGALRM with a handler
     "setitimer": "sc(38, 0, buf, None)",
     "alarm": "sc(37, 1)",
     "timer_create": "sc(222, 1, None, buf)",
@@ -118,7 +123,7 @@ def test_the_trap_handler_names_the_refused_call(build_cache: Path) -> None:
 
     lib, what = op_watch.build(build_cache)
     assert lib is not None, what
-    for body, name in (("sc(13, 14, buf, None, 8)", "rt_sigaction"), ("sc(10, page, 4096, 7)", "mprotect"),
+    for body, name in (("sc(13, 14, act, None, 8)", "rt_sigaction"), ("sc(10, page, 4096, 7)", "mprotect"),
                        ("r, w = os.pipe(); sc(72, r, 4, 0o20000)", "fcntl")):
         proc = _run(body + "\nprint('survived', flush=True)\n", str(lib))
         assert "filtered trap" in proc.stdout, proc.stdout + proc.stderr
@@ -131,3 +136,17 @@ def test_every_rule_names_a_known_call_and_the_program_jumps_only_forward() -> N
         for action in (seccomp.SECCOMP_RET_TRAP, seccomp.SECCOMP_RET_KILL_PROCESS):
             assert len(seccomp.filter_program(arch, action)) < 256  # assembled: every jump fits, forward
     assert all(r.syscall in seccomp_rules.NUMBERS and r.why for r in seccomp_rules.RULES)
+
+
+def test_a_fatal_signal_after_the_filter_ends_as_that_signal(build_cache: Path) -> None:
+    """Python's faulthandler prints its traceback, then puts the default action back (a refused rt_sigaction): the
+    trap handler ends the process as the signal would have (exit status 128 + signal, which the parent reads as
+    the signal), without calling it a forbidden call."""
+    from kevin_exp.bench.build import op_watch
+
+    lib, what = op_watch.build(build_cache)
+    assert lib is not None, what
+    proc = _run("ctypes.string_at(0)\n", str(lib))
+    assert "filtered trap" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 128 + signal.SIGSEGV, (proc.returncode, proc.stderr)
+    assert "Segmentation fault" in proc.stderr and "forbidden system call" not in proc.stderr, proc.stderr

@@ -34,6 +34,7 @@ SOURCE = r"""
 #include <atomic>
 #include <csignal>
 #include <dlfcn.h>
+#include <ucontext.h>
 #include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -161,9 +162,28 @@ void put(char* msg, size_t& n, size_t cap, const char* s) {
   while (*s && n + 1 < cap) msg[n++] = *s++;
 }
 
-void on_sigsys(int, siginfo_t* si, void*) {
+// The new action of a refused rt_sigaction, if it is SIG_DFL: a fatal signal's handler (Python's faulthandler,
+// after printing its traceback) putting the default action back before it raises the signal again.
+bool restores_default(void* context, long* signum) {
+  auto* uc = static_cast<ucontext_t*>(context);
+#if defined(__x86_64__)
+  *signum = uc->uc_mcontext.gregs[REG_RDI];
+  auto act = reinterpret_cast<void* const*>(uc->uc_mcontext.gregs[REG_RSI]);
+#elif defined(__aarch64__)
+  *signum = uc->uc_mcontext.regs[0];
+  auto act = reinterpret_cast<void* const*>(uc->uc_mcontext.regs[1]);
+#else
+  void* const* act = nullptr;
+#endif
+  return act != nullptr && *act == reinterpret_cast<void*>(SIG_DFL) && *signum > 0 && *signum < 65;
+}
+
+void on_sigsys(int, siginfo_t* si, void* context) {
   // Only async-signal-safe calls, none of them refused by the filter. SA_RESETHAND has made SIGSYS's action the
   // default: the signal raised here ends the process as soon as this handler returns.
+  long signum = 0;
+  if (si->si_syscall == SYS_rt_sigaction && restores_default(context, &signum))
+    syscall(SYS_exit_group, 128 + signum);  // ends as that signal would have (the parent reads 128 + signal)
   char msg[640];
   size_t n = 0;
   const char* name = "a refused system call";
