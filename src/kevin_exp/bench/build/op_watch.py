@@ -153,6 +153,8 @@ extern "C" long kx_watch_verify(char* buf, long buflen) {
 }
 
 namespace {
+typedef const char* (*dump_fn)(int, void*, void*);
+dump_fn dump_traceback = nullptr;  // CPython's _Py_DumpTracebackThreads, what faulthandler prints
 int trap_nrs[64];
 char trap_names[64][112];
 int trap_count = 0;
@@ -182,8 +184,21 @@ void on_sigsys(int, siginfo_t* si, void* context) {
   // Only async-signal-safe calls, none of them refused by the filter. SA_RESETHAND has made SIGSYS's action the
   // default: the signal raised here ends the process as soon as this handler returns.
   long signum = 0;
-  if (si->si_syscall == SYS_rt_sigaction && restores_default(context, &signum))
-    syscall(SYS_exit_group, 128 + signum);  // ends as that signal would have (the parent reads 128 + signal)
+  if (si->si_syscall == SYS_rt_sigaction && restores_default(context, &signum)) {
+    // faulthandler restores first and prints after: print its message and traceback here, then end as that
+    // signal would have (the parent reads an exit status of 128 + signal as the signal)
+    char head[96];
+    size_t n = 0;
+    put(head, n, sizeof head, "Fatal Python error: ");
+    put(head, n, sizeof head, signum == SIGSEGV ? "Segmentation fault" : signum == SIGBUS ? "Bus error" :
+        signum == SIGFPE ? "Floating-point exception" : signum == SIGILL ? "Illegal instruction" :
+        signum == SIGABRT ? "Aborted" : "fatal signal");
+    put(head, n, sizeof head, "\n\n");
+    ssize_t w = write(2, head, n);
+    (void)w;
+    if (dump_traceback) dump_traceback(2, nullptr, nullptr);
+    syscall(SYS_exit_group, 128 + signum);
+  }
   char msg[640];
   size_t n = 0;
   const char* name = "a refused system call";
@@ -225,6 +240,7 @@ extern "C" int kx_sigsys_report(const char* table, const char* text) {
   }
   std::strncpy(trap_text, text, sizeof trap_text - 1);
   trap_text[sizeof trap_text - 1] = 0;
+  dump_traceback = reinterpret_cast<dump_fn>(dlsym(RTLD_DEFAULT, "_Py_DumpTracebackThreads"));
   struct sigaction sa;
   std::memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_sigsys;
