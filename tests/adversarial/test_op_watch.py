@@ -20,7 +20,8 @@ from tests.adversarial.attacks import Attack, candidate, judge, stopped
 CONFIG = {"cpus": 2, "rules": CheckRules(no_native_library_compute=False)}
 
 _HEADERS = r"""
-#include <torch/extension.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/relu.h>
 #include <ATen/record_function.h>
 """
 
