@@ -42,15 +42,18 @@ torch::Tensor leaky(torch::Tensor x) {
 }
 """
 
+_OMP = {"cflags": ("-O2", "-fopenmp"), "ldflags": ("-fopenmp",)}
+
 WORKER_SWITCHES_OFF = candidate(_ON_THE_LAST_THREAD.replace("SWITCH_OFF", "at::enableRecordFunction(false);"),
-                                name="adv_watch_off_on_worker", imports="")
+                                name="adv_watch_off_on_worker", **_OMP)
 
 _DUMMY_CALLBACK = _HEADERS + r"""
 static std::unique_ptr<at::ObserverContext> nothing(const at::RecordFunction&) { return nullptr; }
 """
 WORKER_CLEARS_CALLBACKS = candidate(_DUMMY_CALLBACK + _ON_THE_LAST_THREAD.replace(
     "SWITCH_OFF", "static bool once = false; if (!once) { once = true; at::clearCallbacks(); "
-                  "at::addGlobalCallback(at::RecordFunctionCallback(nothing)); }"), name="adv_watch_callbacks_cleared")
+                  "at::addGlobalCallback(at::RecordFunctionCallback(nothing)); }"), name="adv_watch_callbacks_cleared",
+    **_OMP)
 
 # on the main thread, switched off only while ATen works and on again before forward returns
 MAIN_THREAD_SWITCH_OFF = candidate(_HEADERS + r"""
@@ -66,7 +69,7 @@ torch::Tensor leaky(torch::Tensor x) {
 # the scoped form on the worker (the state is on again when the parallel region ends): see
 # test_a_scoped_switch_off_on_a_worker_is_left_to_the_static_rules
 WORKER_SCOPED = candidate(_ON_THE_LAST_THREAD.replace("SWITCH_OFF", "at::RecordFunctionGuard off(false);"),
-                          name="adv_watch_scoped_on_worker")
+                          name="adv_watch_scoped_on_worker", **_OMP)
 
 _FORBIDDEN_OP = stopped("forbidden")
 
