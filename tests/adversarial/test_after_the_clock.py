@@ -25,7 +25,7 @@ from tests.adversarial.test_recheck import _SLOW_CLOCK_CPP
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="the attacks' machine code is x86_64")
 
-CONFIG = {"rules": CheckRules(restrict_imports=False)}
+CONFIG = {"rules": CheckRules(restrict_imports=False), "compile_timeout_s": 600}  # a busy box compiles slowly
 
 LEAKY_INTO = r"""
 static void leaky_into(const float* in, float* o, int64_t n) {

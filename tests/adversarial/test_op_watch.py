@@ -17,7 +17,7 @@ import pytest
 from kevin_exp.bench import CheckRules
 from tests.adversarial.attacks import Attack, candidate, judge, stopped
 
-CONFIG = {"cpus": 2, "rules": CheckRules(no_native_library_compute=False)}
+CONFIG = {"cpus": 2, "rules": CheckRules(no_native_library_compute=False), "compile_timeout_s": 600}
 
 _HEADERS = r"""
 #include <ATen/ops/add.h>
