@@ -1,8 +1,8 @@
 """Class 4: the op watch switched off. ATen ops a kernel runs on an OpenMP worker thread are seen only by the op
 watch, a RecordFunction callback (the dispatch mode is the main thread's); RecordFunction is thread-local state the
 candidate's C++ can change. The work is done by ATen (relu, add) behind a decoy kernel, on the intra-op team's
-last thread, after switching record functions off there, or after clearing the callbacks (and adding one of its own,
-so that "a global callback exists" still holds).
+last thread, after switching record functions off there, or after clearing the callbacks on every call (the watch
+arms a new one per call) and adding one of its own, so that "a global callback exists" still holds.
 
 Stopped by the watch's check after every guarded call (``runtime_guard``, ``build/op_watch.py``): on every thread of
 the intra-op team, record functions must be on and a probe must reach the watch's callback; otherwise the call is
@@ -51,8 +51,8 @@ _DUMMY_CALLBACK = _HEADERS + r"""
 static std::unique_ptr<at::ObserverContext> nothing(const at::RecordFunction&) { return nullptr; }
 """
 WORKER_CLEARS_CALLBACKS = candidate(_DUMMY_CALLBACK + _ON_THE_LAST_THREAD.replace(
-    "SWITCH_OFF", "static bool once = false; if (!once) { once = true; at::clearCallbacks(); "
-                  "at::addGlobalCallback(at::RecordFunctionCallback(nothing)); }"), name="adv_watch_callbacks_cleared",
+    "SWITCH_OFF", "at::clearCallbacks(); at::addGlobalCallback(at::RecordFunctionCallback(nothing));"),
+    name="adv_watch_callbacks_cleared",
     **_OMP)
 
 # on the main thread, switched off only while ATen works and on again before forward returns
