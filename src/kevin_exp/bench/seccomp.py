@@ -16,8 +16,8 @@ The same filter refuses what ``seccomp_rules`` lists: signal handlers, timers an
 writable, ``/proc/self/mem`` made accessible again (the process is made non-dumpable first), ``ptrace`` and the
 like (rewriting the clock or the harness). Those calls end the process: with the trusted trap handler of the op
 watch library (``build/op_watch.py``) loaded, ``SECCOMP_RET_TRAP`` and a message on stderr that names the call,
-then death by SIGSYS; without it, ``SECCOMP_RET_KILL_PROCESS`` (SIGSYS, no message). Either way the verdict is
-``crashed`` (killed by SIGSYS), with the message in the feedback.
+then exit status 128 + SIGSYS (the parent reads it as SIGSYS); without it, ``SECCOMP_RET_KILL_PROCESS``. Either
+way the verdict is ``crashed`` (killed by SIGSYS), with the message in the feedback.
 
 The filter is written here as raw BPF: it checks the architecture of each system call first, so a syscall
 made through another ABI (``int 0x80`` or the x32 ABI on x86_64, whose numbers differ) is refused outright
@@ -280,7 +280,16 @@ def close_exchange_descriptor(region: Any, size: int) -> None:
     if region.fd < 0:
         return
     region.mapped(size)
-    os.close(region.fd)
+    # Python's mmap keeps a duplicate of the descriptor: every descriptor of the same file goes (the mappings stay;
+    # the region is never resized or closed again, and the runner leaves with os._exit)
+    exchange = os.fstat(region.fd)
+    for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (exchange.st_dev, exchange.st_ino):
+            os.close(fd)
     region.fd = -1
 
 

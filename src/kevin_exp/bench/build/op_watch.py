@@ -14,7 +14,7 @@ running a probe record function that must reach the watch's callback. It must be
 uses (checked: the same ``GOMP_parallel``).
 
 The library also holds the runner's SIGSYS handler (``kx_sigsys_report``, see ``seccomp.py``): it writes the
-name of a refused system call to stderr, then lets the signal end the process.
+name of a refused system call to stderr, then ends the process with exit status 128 + SIGSYS.
 
 Built once per torch and source version into the build cache (``<cache>/opwatch/<key>/kx_op_watch.so``,
 about 10-20 s of g++) by the evaluator's ``Builder``; a worker finds it in the read-only cache it is given.
@@ -181,8 +181,7 @@ bool restores_default(void* context, long* signum) {
 }
 
 void on_sigsys(int, siginfo_t* si, void* context) {
-  // Only async-signal-safe calls, none of them refused by the filter. SA_RESETHAND has made SIGSYS's action the
-  // default: the signal raised here ends the process as soon as this handler returns.
+  // Only async-signal-safe calls, none of them refused by the filter; the process ends here.
   long signum = 0;
   if (si->si_syscall == SYS_rt_sigaction && restores_default(context, &signum)) {
     // faulthandler restores first and prints after: print its message and traceback here, then end as that
@@ -217,7 +216,9 @@ void on_sigsys(int, siginfo_t* si, void* context) {
   put(msg, n, sizeof msg, "\n");
   ssize_t w = write(2, msg, n);
   (void)w;
-  syscall(SYS_tgkill, getpid(), syscall(SYS_gettid), SIGSYS);
+  // exit_group, not a signal raised to itself: the runner is PID 1 of its namespace, which ignores signals it
+  // sends itself whose action is the default. The parent reads an exit status of 128 + signal as the signal.
+  syscall(SYS_exit_group, 128 + SIGSYS);
 }
 }  // namespace
 
