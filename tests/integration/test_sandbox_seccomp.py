@@ -66,7 +66,9 @@ for fn in ("with_std_thread", "with_pthread"):
         out[fn] = "RuntimeError: " + str(exc).splitlines()[0]
 a = torch.randn(256, 256)
 out["mm_after"] = bool(torch.allclose(a @ torch.eye(256), a))
-print(json.dumps(out))
+print(json.dumps(out), flush=True)
+import os
+os._exit(0)  # the interpreter's teardown restores signal handlers, which the filter refuses
 """
 
 

@@ -31,7 +31,8 @@ out = {"before": before, "after": tasks_forbidden()}
 
 
 def run_filtered(body: str) -> dict:
-    code = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(out))\n"
+    # os._exit: the interpreter's teardown restores signal handlers, which the filter refuses (SIGSYS)
+    code = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(out), flush=True)\nos._exit(0)\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])

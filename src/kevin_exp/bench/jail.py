@@ -5,7 +5,7 @@ Inside fresh mount and PID namespaces, as root, ``enter_root(spec)`` builds a ne
 the host paths the spec names are bound read-only at their own paths (symlinks along them recreated, so
 ``/lib -> usr/lib`` or a venv's ``bin/python -> /root/.pyenv/...`` still resolve), the writable ones
 read-write, a minimal ``/dev`` (null, zero, full, random, urandom and the spec's extra nodes, e.g.
-``/dev/nvidia*``), a fresh ``/proc``, private tmpfs ``/tmp`` and ``/dev/shm``; then ``pivot_root`` into it and
+``/dev/nvidia*``), a fresh ``/proc``, private tmpfs ``/tmp`` and ``/dev/shm`` (``noexec`` for workers); then ``pivot_root`` into it and
 the old root is detached. Nothing else of the host is reachable: no ``/home``, ``/root``, ``/work``,
 ``/var``, ``/run``, no ``/etc`` beyond what the loader needs. The new root's own tmpfs is remounted read-only.
 
@@ -205,7 +205,7 @@ def enter_root(spec: dict) -> None:
 
     ``spec``: ``readonly`` / ``writable`` (host paths, shown at the same path), ``binds`` ([host path, path
     inside], read-only), ``devices`` (extra /dev entries, e.g. ``nvidia0``), ``sys`` (/sys paths, read-only),
-    ``tmp_size`` / ``shm_size`` (tmpfs sizes).
+    ``tmp_size`` / ``shm_size`` (tmpfs sizes), ``noexec_writable`` (``/tmp`` and ``/dev/shm`` mounted noexec).
     """
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     readonly = list(spec.get("readonly", ())) + [p for p in (*BASE_SYSTEM, *BASE_ETC) if os.path.lexists(p)]
@@ -217,7 +217,10 @@ def enter_root(spec: dict) -> None:
     mount("kx-root", root, "tmpfs", MS_NOSUID, "mode=755,size=16m")
     for name in ("proc", "dev", "tmp", "sys"):
         os.mkdir(f"{root}/{name}", 0o755)
-    mount("kx-tmp", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec.get('tmp_size', '2g')}")
+    # ``noexec_writable`` (workers): nothing the sandboxed process writes can be mapped executable (the seccomp
+    # filter allows executable mappings of files only, for dlopen)
+    scratch = MS_NOSUID | MS_NODEV | (MS_NOEXEC if spec.get("noexec_writable") else 0)
+    mount("kx-tmp", f"{root}/tmp", "tmpfs", scratch, f"mode=1777,size={spec.get('tmp_size', '2g')}")
     for link, target in links.items():
         _link(root, link, target)
     # /dev before the binds: a bind target below /tmp (the build cache) needs the private /tmp mounted first
@@ -231,7 +234,7 @@ def enter_root(spec: dict) -> None:
         mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
         os.close(fd)
     os.mkdir(f"{root}/dev/shm", 0o1777)
-    mount("kx-shm", f"{root}/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={spec.get('shm_size', '1g')}")
+    mount("kx-shm", f"{root}/dev/shm", "tmpfs", scratch, f"mode=1777,size={spec.get('shm_size', '1g')}")
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{root}/dev/{name}")

@@ -11,7 +11,9 @@ A dispatch mode is thread-local: ops a candidate's C++ runs on other threads (Op
 are seen by the op watch instead (``build/op_watch.py``: a global ``RecordFunction`` callback in a small
 trusted library, armed for as long as the guard is entered); they are added to ``guard.violations`` when
 the guard exits. ``guard.all_threads`` says whether the watch was armed (it is missing when the build cache
-holds no op watch library for this torch).
+holds no op watch library for this torch). Candidate code can switch the watch off on a thread (RecordFunction
+is thread-local state) or remove its callback: before the guard exits, the watch checks every thread of torch's
+intra-op team (``kx_watch_verify``); a thread where it no longer sees ops is a violation (``WATCH_DISABLED``).
 
 ``snapshot_timing_functions`` / ``verify_timing_functions`` detect monkey-patched timers, syncs and
 comparison functions (rule ``timing_tampered``).
@@ -66,6 +68,7 @@ def op_name(func: Any) -> str:
 
 
 WATCH_REMOVED = "<op watch removed>"
+WATCH_DISABLED = "<op watch switched off on a thread>"
 
 
 def op_watch_places() -> list[str]:
@@ -90,8 +93,16 @@ def _op_watch() -> ctypes.CDLL | None:
             lib.kx_watch_arm.restype = ctypes.c_int
             lib.kx_watch_disarm.argtypes = [ctypes.c_char_p, ctypes.c_long]
             lib.kx_watch_disarm.restype = ctypes.c_long
+            if hasattr(lib, "kx_watch_verify"):
+                lib.kx_watch_verify.argtypes = [ctypes.c_char_p, ctypes.c_long]
+                lib.kx_watch_verify.restype = ctypes.c_long
             return lib
     return None
+
+
+def loaded_op_watch() -> ctypes.CDLL | None:
+    """The op watch library (loaded on first use), or None where the build cache has none for this torch."""
+    return _op_watch()
 
 
 class TorchComputeGuard(TorchDispatchMode):
@@ -113,6 +124,15 @@ class TorchComputeGuard(TorchDispatchMode):
     def _disarm(self) -> None:
         if self._watch is None:
             return
+        verify = getattr(self._watch, "kx_watch_verify", None)
+        if verify is not None:
+            report = ctypes.create_string_buffer(1024)
+            failed = verify(report, len(report))
+            if failed > 0:
+                shown = "; ".join(report.value.decode(errors="replace").splitlines()[:4])
+                self.violations.append(f"{WATCH_DISABLED[:-1]}: {shown}>")
+            elif failed == -3:  # another OpenMP runtime than torch's: the check would look at other threads
+                self.all_threads = False
         buf = ctypes.create_string_buffer(4096)
         hits = self._watch.kx_watch_disarm(buf, len(buf))
         self._watch = None

@@ -248,6 +248,7 @@ def native_violations(spec: ExtensionSpec, backend: str, rules: CheckRules) -> l
         _check_hiding(src, where, add)
         _check_identifiers(src, aliases, own_namespaces, using, where, add)
         _check_path_literals(src, where, add)
+        _check_op_watch_names(src, where, add)
         for m in _METHOD_CALL.finditer(code):
             if m.group(1) in _NATIVE_METHOD_DENY:
                 add("native_library_compute", where(m.start()), "." + m.group(1),
@@ -591,3 +592,20 @@ def _check_kernel_present(spec: ExtensionSpec, backend: str, sources: list[tuple
         if not defined.intersection(spec.functions):
             add("no_kernel", "", "define", f"none of the bound functions ({', '.join(spec.functions)}) is defined "
                 "in cpp_sources")
+
+
+# The op guard's watch on other threads is a RecordFunction callback, switched off per thread by these (and the
+# thread-local state they live in): refused wherever they appear. Defence in depth: the watch is also verified
+# on every intra-op thread after each call (runtime_guard, build/op_watch.py).
+_OP_WATCH_NAMES = re.compile(
+    r"\w*RecordFunction\w*+|RECORD_(?:FUNCTION|USER_SCOPE|EDGE_SCOPE|OUTPUTS|TORCHSCRIPT)\w*+|\w*record_function\w*+|(?:add|remove|disable|reenable)\w*Callbacks?|"
+    r"clear\w*Callbacks|\w*CallbackHandle|ThreadLocalDebugInfo|DebugInfoGuard|\w*ThreadLocalState\w*+|"
+    r"\w*ObserverContext|RecordScope|\w*StepCallbacks\w*+")
+
+
+def _check_op_watch_names(src: NativeSource, where: Callable[[int], tuple[str, str, int]],
+                          add: Callable[..., None]) -> None:
+    for i, word in enumerate(src.tokens):
+        if is_word(word) and _OP_WATCH_NAMES.fullmatch(word):
+            add("native_library_compute", where(src.positions[i]), word, f"{word} changes the profiler's record "
+                f"functions, through which ATen ops on every thread are watched; {KERNEL_RULE}")

@@ -75,7 +75,15 @@ def main(argv: list[str] | None = None) -> None:
         forbid_new_tasks()
     replies.write(json.dumps({"op": "ready"}) + "\n")
     replies.flush()
-    serve(sys.stdin.buffer, replies, harness)
+    try:
+        serve(sys.stdin.buffer, replies, harness)
+    except BaseException:  # noqa: BLE001 - shown as the output; no interpreter teardown, which restores signal
+        import traceback  # handlers: the filter refuses that (a misleading SIGSYS)
+
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: a candidate's extension may crash in its destructors.

@@ -1,8 +1,8 @@
 """The worker's sandbox, set up from inside before anything else runs: in fresh namespaces (entered through
 ``unshare``) the worker pivots into a minimal read-only root (``kevin_exp.bench.jail``): the Python installation,
 the ``kevin_exp`` package, the build cache (read-only, at ``SANDBOX_CACHE``), system libraries, a minimal
-``/dev`` (plus the GPU's nodes on cuda), a fresh ``/proc``, private ``/tmp`` and ``/dev/shm``; nothing else of
-the host. Then it drops to its leased uid and takes its resource limits.
+``/dev`` (plus the GPU's nodes on cuda), a fresh ``/proc``, private ``/tmp`` and ``/dev/shm`` (``noexec``: what the
+worker writes cannot be mapped executable); nothing else of the host. Then it drops to its leased uid and takes its resource limits.
 
 ``KX_SANDBOX_ROOT=host`` (set by the parent when the probe found that the minimal root breaks this machine's
 worker, e.g. its CUDA initialisation) keeps the host's file system, read-only to the uid, with private /tmp
@@ -29,7 +29,7 @@ def worker_root_spec(backend: str, cache_dir: str | None) -> dict:
     """What a worker's minimal root shows: see the module docstring."""
     spec: dict = {"readonly": [*jail.python_roots(), str(PACKAGE_DIR), *jail.library_path_roots()],
                   "binds": [], "devices": [], "sys": ["/sys/devices/system/cpu", "/sys/devices/system/node"],
-                  "tmp_size": "2g", "shm_size": "1g"}
+                  "tmp_size": "2g", "shm_size": "1g", "noexec_writable": True}
     if cache_dir and os.path.isdir(cache_dir):
         spec["binds"].append([cache_dir, SANDBOX_CACHE])
     if backend == "cuda":
@@ -92,7 +92,7 @@ def _host_root(cache_dir: str | None, expose: bool) -> None:
     held = {d: os.open(d, os.O_PATH | os.O_DIRECTORY) for d in tops}
     for target, size in (("/tmp", "2g"), ("/dev/shm", "1g")):
         if os.path.isdir(target):
-            jail.mount("kx-tmp", target, "tmpfs", jail.MS_NOSUID | jail.MS_NODEV, f"size={size},mode=1777")
+            jail.mount("kx-tmp", target, "tmpfs", jail.MS_NOSUID | jail.MS_NODEV | jail.MS_NOEXEC, f"size={size},mode=1777")
     for d, fd in held.items():
         d.mkdir(parents=True, exist_ok=True)
         _bind_ro(f"/proc/self/fd/{fd}", str(d))
