@@ -82,3 +82,13 @@ def test_the_reference_reads_the_sampled_positions_in_place_from_a_whole_copy():
             if isinstance(w, torch.Tensor):
                 assert g.dtype == w.dtype and torch.equal(g, w)
     assert not torch.equal(positions(30000, 3, 0), positions(30000, input_seed(3), 0))
+
+
+@pytest.mark.parametrize(("shape", "fill", "dtype"), [([3, 1000], float("nan"), torch.float32), ([5], -1234567, torch.int64),
+                                                      ([7, 333], 1, torch.bool), ([4097], float("nan"), torch.float16),
+                                                      ([0], 1, torch.uint8)])
+def test_the_poison_is_filled_by_one_thread_as_torch_full_fills_it(shape, fill, dtype):
+    from kevin_exp.bench.worker.runner import _filled
+
+    got, want = _filled(shape, fill, dtype, CPU), torch.full(shape, fill, dtype=dtype)
+    assert got.shape == want.shape and same_bits(got, want)
