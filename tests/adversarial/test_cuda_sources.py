@@ -11,9 +11,9 @@ import pytest
 
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.config import CheckRules
-from tests.adversarial import test_cuda_faults, test_cuda_timing
+from tests.adversarial import test_cuda_faults, test_cuda_timing, test_timed_window_cuda
 
-ATTACKS = test_cuda_timing.ATTACKS + test_cuda_faults.ATTACKS
+ATTACKS = test_cuda_timing.ATTACKS + test_cuda_faults.ATTACKS + test_timed_window_cuda.ATTACKS
 SOURCES = {a.name: a.source for a in ATTACKS} | {f"{a.name}:honest": a.honest for a in ATTACKS}
 # attack -> the rule that refuses it statically (bench/checks/native.py)
 STATICALLY_REFUSED = {

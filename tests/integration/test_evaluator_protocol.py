@@ -150,8 +150,8 @@ def wrong_on(call: int, reference: str = RELU) -> EvalItem:
                                              (20, "timed call 16 "), (34, "timed call 30 "),
                                              (35, "correctness check after timing")])
 def test_a_wrong_output_on_any_single_call_is_caught_on_that_call(evaluator, call, where):
-    """While the reference checks call i the runner already stages call i+1: a wrong call i must still end the
-    run there, before call i+1 runs, including the last call (checked after the pipeline drains)."""
+    """The reference checks call i before the runner is sent anything more: a wrong call i ends the run there,
+    before call i+1 is staged, including the last call."""
     [v] = evaluator.evaluate([wrong_on(call)])
     assert v.status is Status.INCORRECT, v.reason
     assert where in v.reason, v.reason
@@ -172,9 +172,10 @@ def test_calls_in_chunks_are_each_checked_once_across_chunk_boundaries(build_cac
 
 
 def test_no_reference_work_is_outstanding_while_a_call_runs(build_cache, monkeypatch):
-    """Seeded calls: the reference process checks call i while the runner stages call i+1; "go" is sent only once
-    everything asked of the reference is answered, save a sampled check (host work only). Every message the
-    parent exchanges with both processes is logged."""
+    """Seeded calls: "go" is sent only once everything asked of the reference is answered, sampled checks too, and
+    the runner is sent nothing between "ran" and the answer to that call's check (the check reads what the call
+    left in the region: nothing the runner does may run before it has). Every message the parent exchanges with
+    both processes is logged."""
     from kevin_exp.bench import worker_process
 
     log: list[tuple[str, str, str, bool]] = []  # (process, send | recv, op, a sampled check)
@@ -200,13 +201,20 @@ def test_no_reference_work_is_outstanding_while_a_call_runs(build_cache, monkeyp
         [v] = ev.evaluate([item("ok")])
     assert v.status is Status.OK and v.extra["inputs"] == "seeded", v.reason
     outstanding: list[tuple[str, bool]] = []  # the reference's requests not yet answered, in order
-    gos = 0
+    gos = sampled_checks = 0
+    unchecked = False  # a call has run ("ran") and its check is not yet answered
     for process, direction, op, sampled in log:
         if process == "R" and direction == "send":
             outstanding.append((op, sampled))
+            sampled_checks += op == "check" and sampled
         elif process == "R" and direction == "recv" and op != "ready":
-            outstanding.pop(0)
-        elif process == "W" and direction == "send" and op == "go":
-            gos += 1
-            assert all(o == "check" and s for o, s in outstanding), outstanding
+            if outstanding.pop(0)[0] == "check":
+                unchecked = False
+        elif process == "W" and direction == "recv" and op == "ran":
+            unchecked = True
+        elif process == "W" and direction == "send":
+            assert not outstanding, (op, outstanding)
+            assert not unchecked or op == "collect", op
+            gos += op == "go"
     assert gos == 20 + 3 + 2 + 10 + 1  # calibration, then every call
+    assert sampled_checks == 20 + 2 + 10  # calibration, warm-up and timed calls: checked at sampled positions

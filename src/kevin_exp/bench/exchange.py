@@ -231,9 +231,13 @@ def mismatch(got: Any, expected: Any, where: str = "output") -> str | None:
 
 # --------------------------------------------------------------------------- tensors (torch processes)
 
-def write_values(values: Any, mm: mmap.mmap, offset: int, end: int | None = None) -> tuple[dict[str, Any], int]:
+def write_values(values: Any, mm: mmap.mmap, offset: int, end: int | None = None,
+                 serial: bool = False) -> tuple[dict[str, Any], int]:
     """Write the tensors of ``values`` (a tensor, a number, or a list/tuple of them) at ``offset``, below ``end``
-    (on cuda: one device->host copy each); the header and the offset after them. Refuses anything else."""
+    (on cuda: one device->host copy each); the header and the offset after them. Refuses anything else. With
+    ``serial``, a contiguous host tensor is copied by the calling thread alone (``memmove``): a parallel copy
+    waits for every thread of the pool to be scheduled, which on a busy machine can take tens of
+    milliseconds, and the runner makes these copies inside the parent's clock."""
     import torch
 
     end = len(mm) if end is None else min(end, len(mm))
@@ -251,13 +255,19 @@ def write_values(values: Any, mm: mmap.mmap, offset: int, end: int | None = None
             raise HeaderError(f"{nbytes} bytes are more than the expected outputs take")
         if nbytes:
             dst = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=offset)
-            dst.copy_(values.detach().contiguous().reshape(-1).view(torch.uint8))
+            src = values.detach().contiguous()
+            if serial and src.device.type == "cpu":
+                import ctypes
+
+                ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)
+            else:
+                dst.copy_(src.reshape(-1).view(torch.uint8))
         header = {"t": "tensor", "dtype": dtype, "shape": list(values.shape), "offset": offset, "nbytes": nbytes}
         return header, align(offset + nbytes)
     if isinstance(values, (list, tuple)):
         items = []
         for v in values:
-            h, offset = write_values(v, mm, offset, end)
+            h, offset = write_values(v, mm, offset, end, serial)
             items.append(h)
         return {"t": "tuple" if isinstance(values, tuple) else "list", "items": items}, offset
     if values is None or isinstance(values, (bool, int, float)) or (isinstance(values, str) and len(values) <= MAX_STR):

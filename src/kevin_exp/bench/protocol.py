@@ -2,12 +2,14 @@
 candidate's runner (docs/hack_defences.md, "Where things run").
 
 Schedule of calls, each on fresh inputs drawn from a secret per-evaluation seed and each checked by the
-reference process: ``correctness_trials`` checked calls (allocator poisoned first), ``warmup_trials``,
-``timed_trials`` timed calls, then one more checked call drawn after all timing. The reference process
-prepares inputs and expected outputs in chunks bounded by bytes, only while the runner is idle; the runner
-sees one trial's inputs at a time. Every call has three phases (stage, go, collect: ``_Calls``), pipelined so that
-the reference checks call i while the runner stages call i+1; the parent's own clock brackets only "go", the call
-itself, and bounds the candidate's time from below (``verdict.timing_bound``).
+reference process, outputs and inputs: ``correctness_trials`` checked calls, ``warmup_trials``, ``timed_trials``
+timed calls, then one more checked call drawn after all timing. The runner is told of a call only whether it
+is timed: every call is staged the same way (allocator poisoned) and copies its whole output and its inputs as
+it left them to the region. The reference process prepares inputs and expected outputs in chunks bounded by
+bytes, only while the runner is idle; the runner sees one trial's inputs at a time. Every call has three phases
+(stage, go, collect: ``_Calls``); the parent's own clock brackets "go", the call and the copies that make its
+output final, and bounds the candidate's time from below (``verdict.timing_bound``). A call is checked before the
+runner is sent anything more.
 """
 from __future__ import annotations
 
@@ -27,8 +29,7 @@ from kevin_exp.bench.worker_process import Ended, WorkerProcess
 
 REFERENCE_SLACK_S = 60.0  # a reference request's own limit, beyond the run's
 CALIBRATION_CALLS = 20
-# calls whose outputs are checked only at sampled positions (the check is then host work, overlapping the next
-# call); checked calls compare whole outputs and inputs
+# calls whose outputs and inputs are checked at sampled positions (host work); checked calls compare them whole
 SAMPLED_KINDS = frozenset({"warmup", "timed"})
 # what a runner may say about its own candidate; "ok" is never its to say
 RUNNER_STATUSES = frozenset({"runtime_error", "forbidden", "format_error", "compile_error", "incorrect"})
@@ -222,10 +223,9 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
                     if not calls.settle(checks):  # the chunk replaces the reference's trials: none may be unchecked
                         return outcome
                     calls.chunk(secret, i, kinds[i:i + starts[i]], ref_limit + config.hang_ceiling_s)
-                timed = kind == "timed"
-                checked = kind == "check"  # on these calls the runner also sends its inputs back, to be compared
-                if not calls.run(i, kind, lambda staged: {"op": "trial", "i": i, **_inputs(staged), "timed": timed,
-                                                          "poison": checked, "return_inputs": checked}, checks):
+                timed = kind == "timed"  # all the runner learns of a call's kind: it is checked like any other
+                if not calls.run(i, kind, lambda staged: {"op": "trial", "i": i, **_inputs(staged), "timed": timed},
+                                 checks):
                     return outcome
             if not calls.settle(checks):
                 return outcome
@@ -284,18 +284,14 @@ class _Ran:
 
 class _Calls:
     """Drives the runner's calls. Every call has three phases: "trial" (inputs drawn from the call's seed or
-    copied in, cache flushed; reply "ready", with the drawn inputs' fingerprint, which must be the reference's),
-    "go" (the call alone: the parent's clock runs from sending it to the arrival of "ran", which carries the
-    runner's own time) and "collect" (outputs written out, or for timed and warm-up calls only their values at
-    positions drawn from a seed sent now, after the time was reported; reply "done").
+    copied in, allocator poisoned, cache flushed; reply "ready", with the drawn inputs' fingerprint, which must be
+    the reference's), "go" (the parent's clock runs from sending it to the arrival of "ran", which carries the
+    runner's own time: the call, then its whole output and its inputs as it left them copied to the region) and
+    "collect" (reply "done": where they are).
 
-    Pipelined where inputs are seeded: "collect" of call i and "trial" of call i+1 are sent together, and while
-    the runner stages call i+1 the reference process checks call i (``checks``). A check that uses the device
-    (a checked call's whole output and inputs) is answered before "go" of call i+1, so nothing else runs on the
-    device during a call; a sampled check (timed and warm-up calls) runs on the host alone and is answered once
-    call i+1 has run (before "collect" of call i+1 rewrites the region it reads), so it costs the calls nothing.
-    Inputs written to the shared region (not seeded) keep every phase in turn: the reference must write call
-    i+1's inputs before the runner can stage it, so the check of call i comes first and nothing overlaps."""
+    In lockstep: a call is collected and checked by the reference process (``checks``), which reads the
+    region, before the runner is sent anything more. So what the check reads is what the call left, whatever
+    code the runner's next steps might trigger; the runner never learns where a call is checked."""
 
     def __init__(self, outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, seeded: bool,
                  ref_limit: float, phase: str, budget_s: float) -> None:
@@ -303,7 +299,7 @@ class _Calls:
         self.seeded, self.ref_limit, self.phase, self.budget_s = seeded, ref_limit, phase, budget_s
         self.spent = 0.0  # the runner's time on its calls, against ``budget_s``
         self.staged: dict[str, dict[str, Any]] = {}
-        self.samples: dict[int, int] = {}  # timed calls' sample seeds, drawn with their chunk
+        self.samples: dict[int, int] = {}  # sampled calls' sample seeds, drawn with their chunk
         self.ran: _Ran | None = None
         # where the calls' time went, as the runner reports it (a diagnostic only: nothing is decided on it)
         self.busy = {"runner_stage_s": 0.0, "runner_collect_s": 0.0, "go_s": 0.0, "idle_before_go_s": 0.0}
@@ -315,9 +311,9 @@ class _Calls:
 
     def chunk(self, secret: int, start: int, kinds: list[str], limit: float) -> None:
         """The reference draws the inputs of calls [start, start + len(kinds)) and computes their expected outputs
-        (with seeded inputs, also each call's seed and fingerprint). A timed or warm-up call's output is checked at
-        positions drawn from a seed drawn now: the reference keeps only the expected values there, and the runner
-        learns the seed when it is asked for them, after the call has reported its time."""
+        (with seeded inputs, also each call's seed and fingerprint). A timed or warm-up call's output and inputs
+        are checked at positions drawn from a seed drawn now: the reference keeps only the expected values there
+        (and the inputs' values at theirs); the seed goes to the reference process only."""
         assert self.ran is None
         self.samples = {start + k: secrets.randbits(63) for k, kind in enumerate(kinds) if kind in SAMPLED_KINDS}
         reply = self.ref.call({"op": "chunk", "secret": secret, "start": start, "count": len(kinds), "seeded": self.seeded,
@@ -325,41 +321,18 @@ class _Calls:
         self.staged = (reply.get("staged") or {}) if self.seeded else {}
 
     def run(self, i: int, kind: str, make_request: Callable[[dict[str, Any]], dict[str, Any]], checks: "_Checks") -> bool:
-        """Stage and make call ``i`` (``make_request`` turns the reference's stage into the runner's request),
-        collecting and checking the call before it on the way. False when the run ended (``outcome`` says why)."""
-        if self.seeded:
-            staged = self.staged.pop(str(i))
-        else:
-            if not self.settle(checks):
-                return False
-            staged = self.ref.call({"op": "stage", "i": i, "layout": self.layout.to_json()}, self.ref_limit)
+        """Stage and make call ``i`` (``make_request`` turns the reference's stage into the runner's request), once
+        the call before it is collected and checked. False when the run ended (``outcome`` says why)."""
+        if not self.settle(checks):
+            return False
+        staged = self.staged.pop(str(i)) if self.seeded else \
+            self.ref.call({"op": "stage", "i": i, "layout": self.layout.to_json()}, self.ref_limit)
         request, drawn = make_request(staged), staged.get("fingerprint")
         t0 = time.monotonic()
         deadline = t0 + self.budget_s - self.spent
-        before, self.ran = self.ran, None
-        deferred: dict[str, Any] = {}  # a sampled check of the call before, answered once this call has run
-        if before is not None:
-            self.runner.send(self._collect(before))
         self.runner.send(request)
-        if before is not None:
-            self.outcome.trial = before.i
-            done = self.runner.recv(deadline)
-            if not self._collected(before, done):
-                return False
-            asked = checks.ask(before, done)
-            if asked is None:
-                return False
-            ready = self.runner.recv(deadline)
-            if asked and before.sample is not None:
-                deferred = asked  # host work only: the reference checks call i while the runner makes call i+1
-            elif asked and not checks.answer(before, asked):  # device work: the check comes before call i+1
-                return False
-        else:
-            ready = self.runner.recv(deadline)
-        went = self._go(i, ready, drawn, deadline)
-        # answered whatever the runner did (a wrong output on the call before is what the run ended on); the
-        # runner's region is rewritten only by the next "collect", sent after this
-        if not self._answer(checks, before, deferred) or went is None:
+        went = self._go(i, self.runner.recv(deadline), drawn, deadline)
+        if went is None:
             return False
         self.ran = _Ran(i, kind, went[0], went[1], self.samples.pop(i) if kind in SAMPLED_KINDS else None)
         self.spent += time.monotonic() - t0
@@ -393,12 +366,8 @@ class _Calls:
         self.busy["go_s"] += took_ms / 1e3
         return ran.get("ms"), took_ms
 
-    def _answer(self, checks: "_Checks", ran: _Ran | None, asked: dict[str, Any]) -> bool:
-        """Take the reply to a deferred check (every request to the reference is answered, whatever the runner did)."""
-        return not asked or ran is None or checks.answer(ran, asked)
-
     def settle(self, checks: "_Checks") -> bool:
-        """Collect and check the last call made, on its own (before a new chunk, and at the end)."""
+        """Collect and check the last call made (before the next call, a new chunk, and at the end)."""
         before, self.ran = self.ran, None
         if before is None:
             return True
@@ -413,7 +382,7 @@ class _Calls:
         return asked is not None and (not asked or checks.answer(before, asked))
 
     def _collect(self, ran: _Ran) -> dict[str, Any]:
-        return {"op": "collect"} if ran.sample is None else {"op": "collect", "sample": ran.sample}
+        return {"op": "collect"}
 
     def _collected(self, ran: _Ran, done: dict[str, Any] | Ended) -> bool:
         if not _answered(self.outcome, self.runner, done, self.phase, "done"):
@@ -434,8 +403,9 @@ class _Checks:
 
 
 class _TrialChecks(_Checks):
-    """Every call of a run is checked by the reference process against its own output for the same inputs: the
-    whole output (and the inputs as the call left them) on correctness calls, sampled positions on the others."""
+    """Every call of a run is checked by the reference process against its own output for the same inputs, and
+    its inputs as the call left them against what was drawn: whole on correctness calls, at sampled positions on
+    the others (read by the reference process from the runner's whole copies in the region)."""
 
     def __init__(self, outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout,
                  config: BenchConfig) -> None:
@@ -448,8 +418,7 @@ class _TrialChecks(_Checks):
             _violation(self.outcome, self.runner, f"the runner's report on call {ran.i} is malformed")
             return None
         request = {"op": "check", "i": ran.i, "layout": self.layout.to_json(), "outputs": done["outputs"],
-                   "after": done["after"], "inputs_back": ran.kind == "check", "tolerances": self.tolerances,
-                   "sample": ran.sample, "shape": done.get("shape")}
+                   "after": done["after"], "tolerances": self.tolerances, "sample": ran.sample}
         self.ref.ask(request)
         return request
 

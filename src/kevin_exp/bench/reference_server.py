@@ -26,8 +26,8 @@ import torch
 
 from kevin_exp.bench.config import Tolerance
 from kevin_exp.bench.exchange import HeaderError, Layout, Region, describe, mismatch, read_values, validate, write_values
-from kevin_exp.bench.sampling import fingerprint_lazy, resolve_fingerprints, sampled, to_host
-from kevin_exp.bench.worker.comparison import Comparison, compare_outputs, same_values
+from kevin_exp.bench.sampling import fingerprint_lazy, input_seed, resolve_fingerprints, sampled, sampled_in_region, to_host
+from kevin_exp.bench.worker.comparison import compare_outputs, same_bits, same_values
 from kevin_exp.bench.worker.reference import load_reference, make_inputs
 from kevin_exp.bench.worker.tensors import clone_values, device_name, synchronize
 from kevin_exp.bench.worker.timing import CacheFlusher, Timer
@@ -72,11 +72,14 @@ class Problem:
 
 
 class _Sampled:
-    """What a sampled call is checked against: the expected output's header, and its values at the call's
-    sampled positions (host memory)."""
+    """What a sampled call is checked against: the expected output's header and its values at the call's
+    sampled positions, and the inputs' header and their values at the inputs' own sampled positions (host
+    memory): the runner's whole output and post-call inputs are read there in the region."""
 
-    def __init__(self, header: dict[str, Any], want: list[Any]) -> None:
-        self.header, self.want = header, want
+    def __init__(self, header: dict[str, Any], seed: int, inputs_header: dict[str, Any]) -> None:
+        self.header, self.seed, self.inputs_header = header, seed, inputs_header
+        self.want: list[Any] = []
+        self.inputs_want: list[Any] = []
 
 
 class Server:
@@ -145,13 +148,15 @@ class Server:
         """Inputs and expected outputs of trials [start, start + count), drawn from the secret seed. With
         ``seeded``, also each trial's seed and input fingerprint for the runner, so no call needs its own request.
         Trials in ``samples`` (trial -> sample seed) are checked only at sampled positions: for them only the
-        expected values there are kept (taken as each output is made, then brought to host memory together), so
-        their check needs no device work and a chunk of them holds no whole outputs."""
+        expected values there, and the inputs' values at positions of their own, are kept (taken as each output is
+        made, then brought to host memory together), so their check needs no device work and a chunk of them
+        holds no whole outputs."""
         self.secret = int(r["secret"])
         self.trials = {}
         samples = {int(k): int(v) for k, v in (r.get("samples") or {}).items()}
         staged: dict[str, Any] = {}
         to_sample: dict[int, Any] = {}
+        inputs_to_sample: dict[int, Any] = {}
         with torch.no_grad():
             for i in range(int(r["start"]), int(r["start"]) + int(r["count"])):
                 inputs = self.problem.inputs(trial_seed(self.secret, i))
@@ -159,13 +164,17 @@ class Server:
                 if r.get("seeded"):  # the runner draws each call's inputs from its seed; the fingerprint must match
                     staged[str(i)] = {"seed": trial_seed(self.secret, i), "fingerprint": fingerprint_lazy(list(inputs))}
                 if i in samples:  # (its inputs are kept only to be written to the region)
-                    self.trials[i] = (None if r.get("seeded") else inputs, _Sampled(describe(expected), []))
+                    self.trials[i] = (None if r.get("seeded") else inputs,
+                                      _Sampled(describe(expected), samples[i], describe(list(inputs))))
                     to_sample[i] = sampled(expected, samples[i])
+                    inputs_to_sample[i] = sampled(list(inputs), input_seed(samples[i]))
                 else:
                     self.trials[i] = (inputs, expected)
                 del inputs, expected
-            for i, want in zip(to_sample, to_host(list(to_sample.values()))):
-                self.trials[i][1].want = want
+            order = list(to_sample)
+            rows = to_host([to_sample[i] for i in order] + [inputs_to_sample[i] for i in order])
+            for k, i in enumerate(order):
+                self.trials[i][1].want, self.trials[i][1].inputs_want = rows[k], rows[len(order) + k]
         synchronize(self.device)
         reply: dict[str, Any] = {"op": "chunked"}
         if r.get("seeded"):
@@ -183,8 +192,9 @@ class Server:
         return {"op": "staged", "inputs": header}
 
     def op_check(self, r: dict[str, Any]) -> dict[str, Any]:
-        """A sampled check runs on the host alone (the parent makes the runner's next call meanwhile); any other
-        check synchronizes before it replies: the parent starts the runner's next call once it has."""
+        """A call's check, answered before the runner does anything more (the parent sends nothing else to the
+        runner meanwhile: what the check reads of the region is then what the call left there). A sampled check
+        runs on the host alone; any other check synchronizes before it replies."""
         sampled_check = isinstance(self.trials.get(int(r["i"]), (None, None))[1], _Sampled)
         try:
             return self._check(r)
@@ -193,6 +203,8 @@ class Server:
                 synchronize(self.device)
 
     def _check(self, r: dict[str, Any]) -> dict[str, Any]:
+        """The runner's whole output and its inputs as the call left them, both in the region: every element of
+        a checked call's, a sampled call's at positions drawn from a seed the runner never learns."""
         layout = Layout.from_json(r["layout"])
         inputs, expected = self.trials.pop(int(r["i"]))
         try:
@@ -202,46 +214,29 @@ class Server:
             return {"op": "checked", "ok": False, "reason": f"the runner's report is malformed ({exc})", "malformed": True}
         mm = self.region.mapped(layout.size)
         tolerances = _Tolerances(r["tolerances"])
-        if r.get("sample") is not None:
-            cmp = self._check_sampled(r, expected, mm, tolerances)
-            if isinstance(cmp, dict):
-                return cmp
+        sampled_call = isinstance(expected, _Sampled)
+        why = mismatch(r["outputs"], expected.header if sampled_call else describe(expected))
+        if why:
+            return {"op": "checked", "ok": False, "reason": why}
+        if sampled_call:
+            cmp = compare_outputs(expected.want, sampled_in_region(r["outputs"], mm, expected.seed), tolerances)
+            if not cmp.ok:
+                cmp.reason = f"at sampled positions of the call's output: {cmp.reason}"
         else:
-            why = mismatch(r["outputs"], describe(expected))
-            if why:
-                return {"op": "checked", "ok": False, "reason": why}
             cmp = compare_outputs(expected, read_values(r["outputs"], mm, self.device), tolerances)
         if not cmp.ok:
             return {"op": "checked", "ok": False, "reason": cmp.reason, "max_abs_diff": cmp.max_abs_diff}
-        if r.get("inputs_back"):
-            after = r["after"]
-            if mismatch(after, describe(list(inputs)), "input") or not same_values(read_values(after, mm, self.device), inputs):
-                return {"op": "checked", "ok": False, "reason": "forward modified its input tensors in place"}
+        after = r["after"]
+        if sampled_call:
+            unchanged = not mismatch(after, expected.inputs_header, "input") and same_bits(
+                expected.inputs_want, sampled_in_region(after, mm, input_seed(expected.seed)))
+        else:
+            unchanged = not mismatch(after, describe(list(inputs)), "input") and same_bits(
+                list(inputs), read_values(after, mm, self.device))
+        if not unchanged:
+            return {"op": "checked", "ok": False, "reason": "forward modified its input tensors in place (every call's "
+                    "inputs are compared with what was drawn after the call; write the result to a tensor of its own)"}
         return {"op": "checked", "ok": True, "max_abs_diff": cmp.max_abs_diff}
-
-    def _check_sampled(self, r: dict[str, Any], expected: Any, mm: Any, tolerances: _Tolerances) -> Comparison | dict[str, Any]:
-        """A timed call: the output's structure, dtypes and shapes (``shape``, a header without data) against the
-        expected output's, then the runner's values at the sampled positions of each tensor (``outputs``: one 1-D
-        tensor per leaf) against the expected output's there, both in host memory."""
-        shape = r.get("shape")
-        try:
-            validate(shape, 0, 1 << 62)
-        except HeaderError as exc:
-            return {"op": "checked", "ok": False, "reason": f"the runner's report is malformed ({exc})", "malformed": True}
-        if not isinstance(expected, _Sampled):
-            return {"op": "checked", "ok": False, "reason": f"call {r['i']} is not a sampled call", "malformed": True}
-        why = mismatch(shape, expected.header)
-        if why:
-            return {"op": "checked", "ok": False, "reason": why}
-        want = expected.want
-        got_header = r["outputs"]
-        if mismatch(got_header, describe(want)):
-            return {"op": "checked", "ok": False, "reason": "the runner's sampled values are malformed", "malformed": True}
-        got = [read_values(h, mm, "cpu") for h in got_header["items"]]
-        cmp = compare_outputs(want, got, tolerances)
-        if not cmp.ok:
-            cmp.reason = f"at sampled positions of the call's output: {cmp.reason}"
-        return cmp
 
     def op_release(self, r: dict[str, Any]) -> dict[str, Any]:
         self.trials, self.secret = {}, None

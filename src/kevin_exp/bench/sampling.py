@@ -1,12 +1,14 @@
 """What lets a call's tensors stay on the device: inputs both trusted sides draw from the call's seed, a
-fingerprint that shows both drew the same, and the positions a timed call's output is checked at.
+fingerprint that shows both drew the same, and the positions a warm-up or timed call is checked at.
 
 Every call's inputs come from ``trial_seed(secret, i)``. When a problem's ``get_inputs`` is deterministic for a
 seed (``Problem.seeded``), the runner is sent that call's seed (one call's, at staging: the evaluation's
 secret stays in the reference process) and draws the inputs on its own device instead of receiving them
-through host memory; ``fingerprint`` of both sides' inputs must agree. A timed call's output is checked at
-``SAMPLE_POSITIONS`` positions per tensor drawn from a seed the runner learns only after the call has
-reported its time; checked calls (before and after timing) compare every element.
+through host memory; ``fingerprint`` of both sides' inputs must agree. The runner copies every call's whole
+output, and its inputs as the call left them, into the shared region before it answers "ran"; a warm-up or
+timed call is then checked by the reference process at ``SAMPLE_POSITIONS`` positions per output tensor, and
+as many per input tensor, drawn from a seed only the reference process and the parent know
+(``sampled_in_region``); checked calls (before and after timing) compare every element of both.
 """
 from __future__ import annotations
 
@@ -71,6 +73,35 @@ def positions(numel: int, seed: int, leaf: int) -> torch.Tensor:
         return torch.arange(numel)
     g = torch.Generator().manual_seed((seed + 1_000_003 * leaf) % (1 << 63))
     return torch.randint(0, numel, (SAMPLE_POSITIONS,), generator=g)
+
+
+def input_seed(seed: int) -> int:
+    """The seed of the positions a call's inputs are checked at, from its output's sample seed (another stream
+    of positions: the outputs' and the inputs' do not coincide)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(f"inputs:{seed}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def sampled_in_region(header: dict[str, Any], mm: Any, seed: int) -> list[Any]:
+    """``sampled`` of the values a validated header describes in the shared region, read in place (only the
+    sampled elements are copied out, into host memory): what the reference process checks a call at."""
+    from kevin_exp.bench.exchange import read_values
+
+    leaf_headers = header["items"] if header.get("t") in ("list", "tuple") else [header]
+    out: list[Any] = []
+    for j, h in enumerate(_header_leaves(leaf_headers)):
+        if h.get("t") != "tensor" or not h["nbytes"]:
+            out.append(read_values(h, mm, "cpu"))
+            continue
+        dtype = getattr(torch, h["dtype"])
+        flat = torch.frombuffer(mm, dtype=torch.uint8, count=h["nbytes"], offset=h["offset"]).view(dtype)
+        out.append(flat[positions(flat.numel(), seed, j)])
+    return out
+
+
+def _header_leaves(headers: list[Any]) -> list[Any]:
+    return [leaf for h in headers for leaf in (_header_leaves(h["items"]) if h.get("t") in ("list", "tuple") else [h])]
 
 
 def sampled(values: Any, seed: int) -> list[Any]:

@@ -1,5 +1,5 @@
 """Judging the candidate's outputs against the reference's (in the trusted reference process): exact type,
-layout, shape, dtype, finite values and tolerance; inputs left unchanged."""
+layout, shape, dtype, finite values and tolerance; inputs left unchanged, bit for bit."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,6 +13,24 @@ def same_values(a: Any, b: Any) -> bool:
         return isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
     if isinstance(a, (list, tuple)):
         return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_values(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+_INT_VIEW = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def same_bits(a: Any, b: Any) -> bool:
+    """Equal structure, dtypes and shapes, and every element the same bits (a NaN input left alone is unchanged;
+    ``torch.equal`` would call it changed)."""
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.device != b.device:
+            b = b.to(a.device)
+        view = _INT_VIEW[a.element_size()]
+        return bool(torch.equal(a.view(view), b.view(view))) if a.numel() else True
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b))
     return a == b
 
 

@@ -1,17 +1,20 @@
 """The candidate's runner: load the candidate, construct ``ModelNew``, then serve trials in lockstep with the
 parent. Every call has three phases, each a request and a reply: ``trial`` (the inputs, fresh every call, are
-copied from the shared region to the device, the cache flushed before a timed call; reply ``ready``), ``go``
-(forward under the op guard; a timed call between the timer's start and its end after a device-wide
-synchronise; reply ``ran`` with the time, at once) and ``collect`` (checks on the finished call, then the
-outputs and the inputs as they were after the call written to the region; reply ``done``). The parent's own
-clock brackets only ``go``. Calibration calls, made before any candidate code is loaded, take the same three
-phases with a stand-in. The runner judges nothing: the trusted reference process checks every call's outputs
-and inputs, and the parent builds the verdict.
+copied from the shared region to the device, the allocator poisoned and, before a timed call, the cache
+flushed; reply ``ready``), ``go`` (forward under the op guard, its output made dense inside it; a timed call
+between the timer's start and its end after a device-wide synchronise; then, after the timer and before the
+reply, the output checked for its kind, the whole output and the inputs as the call left them copied to the
+region, everything the call made dropped and the device synchronised; reply ``ran`` with the time) and
+``collect`` (reply ``done`` with where the copies are). The parent's own clock brackets ``go``, so it covers
+every byte of the output as checked. Calibration calls, made before any candidate code is loaded, take the
+same three phases with a stand-in. The runner judges nothing: the trusted reference process checks every
+call's outputs and inputs in the region, and the parent builds the verdict.
 
 Requests and replies are JSON lines (``entry`` describes the process).
 """
 from __future__ import annotations
 
+import gc
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -21,6 +24,8 @@ import torch
 
 from kevin_exp.bench.exchange import HeaderError, Layout, Region, read_values, validate, write_values
 from kevin_exp.bench.worker.candidate import ExtensionCalls, hook_load_inline, load_candidate
+from kevin_exp.bench.worker.final_output import final_output, held_inputs, inputs_kept, not_aliased
+from kevin_exp.bench.worker.final_output import tensor_leaves as final_leaves
 from kevin_exp.bench.worker.outcomes import NeedsBuild, Rejected, stage
 from kevin_exp.bench.worker.tensors import device_name, synchronize
 from kevin_exp.bench.worker.timing import CacheFlusher, Timer
@@ -65,7 +70,7 @@ def serve(requests: IO[bytes], replies: IO[str], harness: "Harness") -> None:
             elif op == "go" and harness.pending is not None and harness.pending.ms is _NOT_RUN:
                 reply(harness.go())
             elif op == "collect" and harness.pending is not None and harness.pending.ms is not _NOT_RUN:
-                reply(harness.collect(request.get("sample")))
+                reply(harness.collect())
             elif op == "end" and runner is not None and harness.pending is None:
                 runner.finish()
                 reply({"op": "ended"})
@@ -87,16 +92,17 @@ _NOT_RUN = object()
 @dataclass
 class Call:
     """One call in its three phases: staged (inputs on the device, cache flushed), run (``go``: the only part the
-    parent's clock brackets), collected (outputs and post-call inputs written to the region)."""
+    parent's clock brackets; outputs and post-call inputs written to the region there), collected (where they are
+    said)."""
 
     i: int
-    inputs: list[Any]
+    inputs: list[Any] | None
     timed: bool
-    return_inputs: bool
-    run: Callable[[], Any]  # the call itself, under the op guard (or the calibration stand-in)
-    after_run: Callable[[Any], None] = lambda out: None  # checks on a finished call, made while collecting
+    run: Callable[[], Any] | None  # the call itself, under the op guard (or the calibration stand-in)
+    after_run: Callable[[Any], None] = lambda out: None  # checks on a finished call, made inside "go"
     ms: Any = _NOT_RUN
-    out: Any = None
+    held: list[tuple[Any, ...]] | None = None  # the inputs' tensors as staged: data, storage, layout
+    written: dict[str, Any] | None = None  # the headers of the outputs and post-call inputs in the region
 
 
 class Harness:
@@ -152,21 +158,25 @@ class Harness:
 
         def make(inputs: list[Any]) -> Call:
             guard = _guard(guarded)  # made while staging, as for the candidate's calls
+            warm = _reader(inputs, self.device)
 
             def run() -> tuple[float | None, Any]:
                 with torch.no_grad(), guard:
-                    return self.timer(lambda: _zeros_like(expected, self.device))
-            return Call(request["i"], inputs, True, False, run)
+                    return self.timer(lambda: warm() or _dense(_zeros_like(expected, self.device, serial=True)))
+            return Call(request["i"], inputs, True, run)
+        self.expected_output = expected  # poisoned for as the candidate's calls will be
         return make
 
     def stage(self, request: dict[str, Any], make: Callable[[list[Any]], Call]) -> dict[str, Any]:
-        """Phase 1: the call's inputs copied in (host -> device on cuda), the allocator poisoned on checked calls,
-        the cache flushed before timed ones, the device idle; then "ready"."""
+        """Phase 1: the call's inputs copied in (host -> device on cuda), the allocator poisoned (before every
+        call: nothing about a call may tell the kernel whether it is checked), the cache flushed before timed
+        calls, the device idle; then "ready"."""
         inputs, drawn = self.inputs_for(request)
         if not isinstance(inputs, list):
             raise Rejected("crashed", "evaluator error: inputs must be a list")
         call = make(inputs)
-        if request.get("poison") and self.expected_output is not None:
+        call.held = held_inputs(inputs)
+        if self.expected_output is not None:
             poison_allocator(self.expected_output, self.device)
         synchronize(self.device)
         if call.timed:
@@ -180,45 +190,69 @@ class Harness:
 
     def go(self) -> dict[str, Any]:
         """Phase 2, the one the parent's clock brackets: the call (timed calls: the timer runs and the device is
-        synchronised device-wide inside it), then at once the reported time."""
+        synchronised device-wide inside it), then, after the timer, the output final (``finish``), then the
+        reported time."""
         call = self.pending
-        assert call is not None
-        call.ms, call.out = call.run()
+        assert call is not None and call.run is not None
+        call.ms, out = call.run()
+        self.finish(call, out)
+        del out  # the last reference to what the call returned: a deleter runs now, inside the clock
+        synchronize(self.device)  # device-wide: work a deleter launched ends before "ran" too
         return {"op": "ran", "i": call.i, "ms": call.ms}
 
-    def collect(self, sample: Any = None) -> dict[str, Any]:
-        """Phase 3: the checks on the finished call, then its outputs (and, on checked calls, its inputs as they
-        are after the call) written to the region. With ``sample`` (timed calls: a seed sent only now, after the
-        call reported its time), only the output's structure and its values at the sampled positions."""
-        from kevin_exp.bench.exchange import describe
-        from kevin_exp.bench.sampling import sampled
-
-        call, layout = self.pending, self.layout
-        assert call is not None and layout is not None
-        if sample is not None and not _is_seed(sample):
-            raise Rejected("crashed", "evaluator error: bad request (sample seed)")
-        self.pending = None
-        call.after_run(call.out)
-        out = call.out
+    def finish(self, call: Call, out: Any) -> None:
+        """Inside the parent's clock, after the runner's own timer: the output must be of the expected kind, dense,
+        and in memory of its own (no input's); every byte of it, and the inputs as the call left them, are copied
+        to the region (on cuda: device -> page-locked host); the call's inputs and closures are dropped (``go``
+        drops the output and synchronises the device). So once "ran" is sent, what the reference process will read
+        exists, and nothing of the call is left to run."""
+        layout = self.layout
+        assert layout is not None and call.inputs is not None and call.held is not None
+        if gc.isenabled():  # a collection would run candidates' finalisers whenever the harness allocates
+            gc.disable()
+        call.after_run(out)
+        if self.expected_output is not None:
+            final_output(out, self.expected_output, self.device)
+        inputs_kept(call.inputs, call.held)
+        not_aliased(out, call.held)
         mm = self.region.mapped(layout.size)
-        extra: dict[str, Any] = {}
         try:
-            if sample is not None:
-                extra["shape"] = describe(out)
-                out = sampled(out, int(sample))
-            outputs, _ = write_values(out, mm, layout.outputs_at, layout.after_at)
+            outputs, _ = write_values(out, mm, layout.outputs_at, layout.after_at, serial=True)
         except HeaderError as exc:
             raise Rejected("incorrect", f"trial {call.i}: output {exc}") from None
         except Exception as exc:  # noqa: BLE001 - reading the output back is the candidate's output too
             raise Rejected("runtime_error", f"reading your output back raised: {type(exc).__name__}: {exc}") from None
-        after: dict[str, Any] = {"t": "list", "items": []}
-        if call.return_inputs:
-            after, _ = write_values(call.inputs, mm, layout.after_at, layout.size)
-        return {"op": "done", "i": call.i, "outputs": outputs, "after": after, **extra}
+        after, _ = write_values(call.inputs, mm, layout.after_at, layout.size, serial=True)
+        call.written = {"outputs": outputs, "after": after}
+        call.inputs = call.run = None
+        call.after_run = _nothing
+
+    def collect(self) -> dict[str, Any]:
+        """Phase 3: where the finished call's output and post-call inputs are in the region (written in "go")."""
+        call = self.pending
+        assert call is not None and call.written is not None
+        self.pending = None
+        return {"op": "done", "i": call.i, **call.written}
 
 
 def _is_seed(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 63)
+
+
+def _nothing(out: Any) -> None:
+    return None
+
+
+def _dense(out: Any) -> Any:
+    """The output with every plain tensor made dense and contiguous, inside the call (and inside the timer): a
+    strided or transposed view's copy is the call's own work, never the harness's after the clock. Anything but
+    a plain tensor, list or tuple is left for ``final_output`` to refuse (a subclass's methods are its own code)."""
+    if type(out) is torch.Tensor:
+        return out if out.layout != torch.strided or out.is_contiguous() else out.contiguous()
+    if type(out) in (list, tuple):
+        items = [_dense(v) for v in out]
+        return items if type(out) is list else tuple(items)
+    return out
 
 
 def _guard(on: bool) -> Any:
@@ -227,14 +261,40 @@ def _guard(on: bool) -> Any:
     return block_torch_compute() if on else _NullGuard()
 
 
-def _zeros_like(header: dict[str, Any], device: torch.device) -> Any:
+def _zeros_like(header: dict[str, Any], device: torch.device, serial: bool = False) -> Any:
+    """The stand-in's output. With ``serial`` a host tensor is zeroed by the calling thread alone, where an honest
+    single-threaded kernel writes its output: the copy to the region after the call then finds it as it finds
+    the candidate's."""
     t = header["t"]
     if t == "tensor":
-        return torch.zeros(header["shape"], dtype=getattr(torch, header["dtype"]), device=device)
+        dtype = getattr(torch, header["dtype"])
+        if serial and device.type == "cpu":
+            import ctypes
+
+            out = torch.empty(header["shape"], dtype=dtype)
+            ctypes.memset(out.data_ptr(), 0, out.numel() * out.element_size())
+            return out
+        return torch.zeros(header["shape"], dtype=dtype, device=device)
     if t in ("list", "tuple"):
-        items = [_zeros_like(h, device) for h in header["items"]]
+        items = [_zeros_like(h, device, serial) for h in header["items"]]
         return items if t == "list" else tuple(items)
     return header.get("value")
+
+
+def _reader(inputs: list[Any], device: torch.device) -> Callable[[], None]:
+    """Reads every byte of the host inputs by the calling thread (into a scratch buffer made now), as a forward
+    reads its inputs: the stand-in's inputs are then as warm as a candidate's when the runner copies them to the
+    region after the call (a no-op on cuda, whose copies come from device memory)."""
+    import ctypes
+
+    pairs = [(t.data_ptr(), t.numel() * t.element_size()) for t in final_leaves(inputs)
+             if device.type == "cpu" and t.is_contiguous()]
+    scratch = ctypes.create_string_buffer(max([n for _, n in pairs], default=1))
+
+    def read() -> None:
+        for ptr, n in pairs:
+            ctypes.memmove(scratch, ptr, n)
+    return read
 
 
 class Runner:
@@ -268,6 +328,10 @@ class Runner:
             self.model = namespace["ModelNew"](*init_inputs).to(self.device)
         # made before any candidate code ran
         self.timer = harness.timer
+        # from here on no collection runs between the calls: it would run candidates' finalisers (a tensor's
+        # deleter in a reference cycle) wherever the harness happens to allocate, after the clock
+        gc.collect()
+        gc.disable()
         self.load_s = round(time.perf_counter() - t0, 4)
 
     def call(self, request: dict[str, Any]) -> Callable[[list[Any]], Call]:
@@ -287,9 +351,9 @@ class Runner:
                         with torch.no_grad():
                             if timed:
                                 with guard:
-                                    return self.timer(lambda: self.model(*inputs))
+                                    return self.timer(lambda: _dense(self.model(*inputs)))
                             with guard:
-                                out = self.model(*inputs)
+                                out = _dense(self.model(*inputs))
                             synchronize(self.device)
                             return None, out
                 except Rejected as rej:
@@ -311,7 +375,7 @@ class Runner:
                     if isinstance(t, torch.Tensor) and t.device.type != self.device.type:
                         raise Rejected("incorrect", f"output must be on {self.device.type}, got a tensor on {t.device}")
 
-            return Call(request["i"], inputs, timed, bool(request.get("return_inputs")), run, after_run)
+            return Call(request["i"], inputs, timed, run, after_run)
         return make
 
     def finish(self) -> None:
@@ -348,6 +412,27 @@ def poison_allocator(expected: dict[str, Any], device: torch.device, copies: int
         dtype = getattr(torch, h["dtype"])
         fill: float | int = float("nan") if dtype.is_floating_point else (1 if dtype in (torch.bool, torch.uint8, torch.int8) else -1234567)
         for _ in range(copies):
-            held.append(torch.full(h["shape"], fill, dtype=dtype, device=device))
+            held.append(_filled(h["shape"], fill, dtype, device))
     synchronize(device)
     del held
+
+
+def _filled(shape: list[int], fill: float | int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.full``, on the host by the calling thread alone (a pattern doubled by ``memmove``): a parallel fill
+    waits for every thread of the pool to be scheduled, tens of milliseconds per call on a busy machine."""
+    if device.type != "cpu":
+        return torch.full(shape, fill, dtype=dtype, device=device)
+    import ctypes
+
+    out = torch.empty(shape, dtype=dtype)
+    total = out.numel() * out.element_size()
+    seed = min(out.numel(), 1024)
+    if not seed:
+        return out
+    out.view(-1)[:seed] = torch.full((seed,), fill, dtype=dtype)
+    done, base = seed * out.element_size(), out.data_ptr()
+    while done < total:
+        step = min(done, total - done)
+        ctypes.memmove(base + done, base, step)
+        done += step
+    return out
