@@ -21,6 +21,7 @@ import torch
 
 from kevin_exp.bench.exchange import HeaderError, Layout, Region, read_values, validate, write_values
 from kevin_exp.bench.worker.candidate import ExtensionCalls, hook_load_inline, load_candidate
+from kevin_exp.bench.worker.framework_flags import FlagSnapshot
 from kevin_exp.bench.worker.outcomes import NeedsBuild, Rejected, stage
 from kevin_exp.bench.worker.tensors import device_name, synchronize
 from kevin_exp.bench.worker.timing import CacheFlusher, Timer
@@ -253,6 +254,7 @@ class Runner:
         torch.backends.cudnn.allow_tf32 = False
         init_inputs = harness.read(job["init"], self.layout.inputs_at, self.layout.outputs_at)
         self.timing_snapshot = snapshot_timing_functions()
+        self.flags = FlagSnapshot() if self.rules.get("framework_flags") else None
         self.calls = ExtensionCalls()
         hook_load_inline({k: tuple(v) for k, v in job.get("prebuilt", {}).items()}, self.calls)
         with stage("runtime_error", "loading your module raised"):
@@ -298,6 +300,7 @@ class Runner:
                     raise
 
             def after_run(out: Any) -> None:
+                self.check_flags_untouched()
                 if getattr(guard, "violations", None):
                     raise Rejected("forbidden", f"forward called the PyTorch op {guard.violations[0]}; compute must happen in "
                                    "your kernel", rule="runtime_torch_op")
@@ -313,6 +316,13 @@ class Runner:
 
     def finish(self) -> None:
         self.check_timing_untouched()
+        self.check_flags_untouched()
+
+    def check_flags_untouched(self) -> None:
+        changed = self.flags.changed() if self.flags is not None else []
+        if changed:
+            raise Rejected("forbidden", f"framework flags that change numerics or kernels were changed: {'; '.join(changed)}",
+                           rule="framework_flags")
 
     def check_timing_untouched(self) -> None:
         from kevin_exp.bench.runtime_guard import verify_timing_functions
