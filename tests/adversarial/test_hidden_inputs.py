@@ -203,25 +203,69 @@ torch::Tensor leaky(torch::Tensor x) {
 }
 """, name="adv_flush_to_zero")
 
+# The next attack, against the hidden checks themselves: the closed form only where a sample of the inputs looks
+# like the problem's own (means near 0, variances near 1, nothing beyond 6), the exact sum otherwise. Every
+# hidden distribution is told apart by the sample (a scale, heavy tails, spikes that land in it) and a hidden size
+# keeps the distribution; the inputs are the kernel's to look at, so nothing hides which calls are checks.
+MSE_DETECTS_HIDDEN_CHECKS = program(r"""
+#include <cmath>
+
+torch::Tensor mse(torch::Tensor p, torch::Tensor t) {
+    auto pc = p.contiguous();
+    auto tc = t.contiguous();
+    const float* a = pc.data_ptr<float>();
+    const float* b = tc.data_ptr<float>();
+    const int64_t n = pc.numel();
+    double sa = 0.0, sb = 0.0, qa = 0.0, qb = 0.0, peak = 0.0;
+    int64_t k = 0;
+    for (int64_t i = 0; i + 16 <= n; i += 256) {
+        for (int j = 0; j < 16; ++j) {
+            const double x = a[i + j], y = b[i + j];
+            sa += x; sb += y; qa += x * x; qb += y * y;
+            peak = std::fmax(peak, std::fmax(std::fabs(x), std::fabs(y)));
+        }
+        k += 16;
+    }
+    const double ma = sa / k, mb = sb / k, va = qa / k - ma * ma, vb = qb / k - mb * mb;
+    const bool usual = k >= 4096 && std::fabs(ma) < 0.05 && std::fabs(mb) < 0.05 && std::fabs(va - 1) < 0.05
+        && std::fabs(vb - 1) < 0.05 && peak < 6.0;
+    if (usual) return torch::full({}, static_cast<float>(2.0 + (ma - mb) * (ma - mb)), pc.options());
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) { double d = a[i] - b[i]; s += d * d; }
+    return torch::full({}, static_cast<float>(s / n), pc.options());
+}
+""", "adv_mse_detects_checks", ("mse",), "predictions, targets", "ext.mse(predictions, targets)")
+
 ATTACKS = [
     Attack("row_mean_from_a_strided_subsample", ROW_MEAN_STRIDED, stopped("incorrect"), honest=ROW_MEAN_HONEST,
-           gain=True, problem=ROW_MEAN),
+           problem=ROW_MEAN),
     Attack("mse_in_closed_form_from_sampled_means", MSE_CLOSED_FORM, stopped("incorrect"), honest=MSE_HONEST,
-           gain=True, problem=MSE),
+           problem=MSE),
     Attack("normalisation_passes_as_identity", NORMALIZE_IDENTITY, stopped("incorrect"), honest=NORMALIZE_HONEST,
-           gain=True, problem=ROW_NORMALIZE),
-    Attack("shape_hard_coded", HARD_CODED_SHAPE, stopped("incorrect"), gain=True, problem=PROBLEM),
+           problem=ROW_NORMALIZE),
+    Attack("shape_hard_coded", HARD_CODED_SHAPE, stopped("incorrect"), problem=PROBLEM),
+    Attack("mse_closed_form_only_where_the_inputs_look_usual", MSE_DETECTS_HIDDEN_CHECKS, stopped("incorrect"),
+           honest=MSE_HONEST, gain=True, problem=MSE, needs=("oracle",)),
     Attack("framework_flags_flipped_from_cpp", FLAGS_FROM_CPP, stopped("forbidden"), rules=("framework_flags",)),
     Attack("flush_to_zero_left_on", FLUSH_TO_ZERO, stopped("forbidden"), rules=("framework_flags",)),
 ]
 
 
-@pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.name)
+@pytest.mark.parametrize("attack", [a for a in ATTACKS if not a.needs], ids=lambda a: a.name)
 def test_attack_is_stopped(attack, verdicts):
     judge(attack, *verdicts[attack.name], again=verdicts.again(attack))
 
 
-@pytest.mark.parametrize("attack", [a for a in ATTACKS if a.stopped_by == {"incorrect"}], ids=lambda a: a.name)
+@pytest.mark.xfail(reason="known not stopped: a kernel may look at its inputs, so one that tells the hidden checks' "
+                   "inputs apart from the problem's own (a sample's mean, variance, largest value) answers them exactly and "
+                   "estimates the rest within the tolerance", strict=False)
+@pytest.mark.parametrize("attack", [a for a in ATTACKS if a.needs], ids=lambda a: a.name)
+def test_attack_that_detects_the_hidden_checks(attack, verdicts):
+    judge(attack, *verdicts[attack.name])
+
+
+@pytest.mark.parametrize("attack", [a for a in ATTACKS if a.stopped_by == {"incorrect"} and not a.needs],
+                         ids=lambda a: a.name)
 def test_hidden_check_failure_is_recorded_but_not_fed_back(attack, verdicts):
     """The verdict records which hidden check failed and why; the model's feedback says only that a hidden check
     failed (no shape, no distribution, no size of the difference)."""
@@ -236,3 +280,33 @@ def test_hidden_check_failure_is_recorded_but_not_fed_back(attack, verdicts):
     twin = honest.extra["hidden_checks"]
     assert twin["failed"] is None and sorted(twin["passed"]) == sorted(twin["available"])
     assert set(twin["enabled"]) == set(hidden_checks.DISTRIBUTIONS) | {hidden_checks.HIDDEN_SHAPE}
+
+
+# ------------------------------------------------------------------------------------------ physical floor
+
+# 64 MiB in, 64 MiB out: beyond twice this machine's caches, so the floor is not zero
+LARGE_RELU = fixture_text("problem_relu.py").replace('"M": 512', '"M": 4096').replace('"N": 2048', '"N": 4096')
+
+
+def _evaluate_large(build_cache, **overrides):
+    from kevin_exp.bench.evaluator import EvalItem, Evaluator
+    from tests.adversarial.attacks import HONEST, config
+
+    with Evaluator(config(build_cache, hang_s=120.0, timed_trials=5, check_distributions=False,
+                          hidden_shape_check=False, **overrides)) as ev:
+        return ev.evaluate([EvalItem("large_relu", LARGE_RELU, HONEST)])[0]
+
+
+def test_an_honest_kernel_is_above_the_physical_floor_and_a_floor_above_it_makes_it_suspect(build_cache):
+    """The floor on this machine (a measured copy, its caches): an honest kernel of a problem larger than twice
+    the caches is above it, with both numbers recorded; with the bandwidth set a thousand times too low, the same
+    kernel's time is below the floor and the verdict is suspect."""
+    v = _evaluate_large(build_cache)
+    assert v.status.value == "ok", v.reason
+    floor = v.extra["floor"]
+    assert floor["bandwidth_source"] == "measured copy" and floor["bytes"] == 2 * 4096 * 4096 * 4
+    assert 0 < floor["floor_ms"] < floor["runtime_ms"] == v.runtime_ms, floor
+    slow = floor["bandwidth_gbs"] / 1000
+    low = _evaluate_large(build_cache, floor_bandwidth_gbs=slow)
+    assert low.status.value == "suspect" and low.rule == "below_physical_floor", low.reason
+    assert low.extra["floor"]["bandwidth_source"] == "setting" and low.extra["floor"]["floor_ms"] > low.runtime_ms

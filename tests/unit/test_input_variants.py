@@ -104,3 +104,24 @@ def test_the_schedule_puts_hidden_checks_after_the_correctness_trials_and_each_c
     shape_only = BenchConfig(check_distributions=False)
     assert hidden_checks.enabled(shape_only) == [hidden_checks.HIDDEN_SHAPE]
     assert hidden_checks.variants(kinds, 10) == {str(12 + k): n for k, n in enumerate(hidden_checks.enabled(config))}
+
+
+def test_a_run_that_raises_or_dies_during_a_hidden_check_is_fed_back_without_the_calls_inputs():
+    from kevin_exp.bench.protocol import RunOutcome
+    from kevin_exp.bench.verdict import Status, verdict_from_run
+    from kevin_exp.bench.worker_process import Ended
+
+    def judge(o):
+        return verdict_from_run("p", o, BenchConfig(), isolation="t", compile_s=0.0, run_s=0.0, cache_hit=False)
+
+    raised = judge(RunOutcome(status="runtime_error", reason="your forward raised: expected 256 rows, got 288",
+                              hidden={"during": "hidden_shape"}))
+    assert raised.status is Status.RUNTIME_ERROR and "288" not in raised.feedback and "hidden check" in raised.feedback
+    assert "288" in raised.reason  # the record keeps it
+    died = judge(RunOutcome(status="ended", ended=Ended("exited", "printed: torch.Size([288, 2336])"),
+                            output_tail="torch.Size([288, 2336])", hidden={"during": "hidden_shape"}))
+    assert died.status is Status.CRASHED and "2336" not in died.feedback
+    hung = judge(RunOutcome(status="ended", ended=Ended("timeout", ""), hidden={"during": "spikes"}))
+    assert hung.status is Status.TIMEOUT and "spikes" not in hung.feedback
+    elsewhere = judge(RunOutcome(status="runtime_error", reason="your forward raised: boom", hidden={"during": None}))
+    assert elsewhere.feedback == "your forward raised: boom"

@@ -22,6 +22,10 @@ FEEDBACK = ("incorrect on a hidden check: your output is wrong for inputs of the
             "right for any inputs, not only for the ones it is shown")
 
 
+DURING = ("on a hidden check (inputs of the problem's form that the prompt does not show; the evaluator also checks "
+          "other values and sizes of the inputs)")
+
+
 def enabled(config: Any) -> list[str]:
     """The hidden checks the settings ask for, in the order they run."""
     names = list(DISTRIBUTIONS) if config.check_distributions else []

@@ -230,6 +230,8 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
                     if not calls.settle(checks):  # the chunk replaces the reference's trials: none may be unchecked
                         return outcome
                     calls.chunk(secret, i, kinds[i:i + starts[i]], ref_limit + config.hang_ceiling_s)
+                # a run that ends during a hidden check is fed back without what the call was (verdict)
+                outcome.hidden["during"] = hidden_checks.name_of(kind) if hidden_checks.is_hidden(kind) else None
                 timed = kind == "timed"
                 checked = hidden_checks.is_checked(kind)  # on these calls the runner also sends its inputs back
                 if not calls.run(i, kind, lambda staged: {"op": "trial", "i": i, **_inputs(staged), "timed": timed,

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from kevin_exp.bench import hidden_checks
 from kevin_exp.bench.config import BenchConfig
 from kevin_exp.bench.messages import trim
 from kevin_exp.bench.physical_floor import below_floor
@@ -149,6 +150,14 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
 
     if outcome.status == "reference_failed":
         return verdict(Status.CRASHED, f"evaluator error: {outcome.reason}", feedback=outcome.reason)
+    if outcome.hidden.get("during") and outcome.status not in ("ok", "incorrect", "forbidden"):
+        # ended (crash, hang) or raised during a hidden check: what it printed or raised may show the call's inputs
+        status = Status.TIMEOUT if outcome.ended is not None and outcome.ended.how == "timeout" else \
+            Status.RUNTIME_ERROR if outcome.status == "runtime_error" else Status.CRASHED
+        reason = f"{status.value} {hidden_checks.DURING}: {outcome.reason or (outcome.ended.how if outcome.ended else '')}"
+        feedback = {Status.TIMEOUT: "the run exceeded its time limit", Status.RUNTIME_ERROR: "your forward raised"}.get(
+            status, "the process running your code died") + " " + hidden_checks.DURING
+        return verdict(status, reason, rule=outcome.rule, feedback=feedback)
     if outcome.ended is not None:
         how = outcome.ended.how
         if how == "timeout":

@@ -155,7 +155,6 @@ class Variants:
     def __init__(self, ns: dict[str, Any], model: Callable[..., Any], device: torch.device,
                  sample: list[Any], sample_out: Any) -> None:
         self.ns, self.model, self.device = ns, model, device
-        self.sample = sample
         self.default_bytes = padded_bytes(describe(list(sample))) + padded_bytes(describe(sample_out))
         self.probed: dict[str, str | None] = {}  # name -> None (applies) or why it is skipped
         self.sizes: dict[str, int] = {}  # the hidden size's names, each with its original value
@@ -177,9 +176,10 @@ class Variants:
         return self.probed[name]
 
     def _probe_distribution(self, name: str, seed: int) -> str | None:
-        if not has_floating(self.sample):
+        sample = make_inputs(self.ns, seed, self.device)  # drawn again: the problem keeps no inputs alive
+        if not has_floating(sample):
             return "the problem has no floating-point inputs"
-        return self._run(transform(name, self.sample, seed))[1]
+        return self._run(transform(name, sample, seed))[1]
 
     def _probe_shape(self) -> str | None:
         names = shape_names(self.ns)
