@@ -76,3 +76,26 @@ def test_settings_are_validated():
     with pytest.raises(ValueError, match="floor_bandwidth_gbs"):
         BenchConfig(floor_bandwidth_gbs=-1.0)
     BenchConfig(floor_margin=0.0, floor_bandwidth_gbs=0.0)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("evaluator.floor_margin=0.5", "evaluator.floor_margin=0.5: expected 0 (the backend's) or >= 1"),
+    ("evaluator.floor_bandwidth_gbs=-1", "evaluator.floor_bandwidth_gbs=-1.0: expected >= 0"),
+])
+def test_the_run_config_checks_the_floor_settings(override, message):
+    from kevin_exp.config import ConfigError
+    from tests.helpers import compose_train
+
+    with pytest.raises(ConfigError) as caught:
+        compose_train([override])
+    assert message in str(caught.value)
+
+
+def test_the_run_config_passes_every_new_setting_to_the_evaluator():
+    from tests.helpers import compose_train
+
+    bench = compose_train(["evaluator.check_distributions=false", "evaluator.hidden_shape_check=false",
+                           "evaluator.physical_floor=false", "evaluator.floor_bandwidth_gbs=3350",
+                           "evaluator.floor_margin=2"]).evaluator.to_bench()
+    assert (bench.check_distributions, bench.hidden_shape_check, bench.physical_floor) == (False, False, False)
+    assert (bench.floor_bandwidth_gbs, bench.floor_margin) == (3350.0, 2.0) and bench.rules.framework_flags
