@@ -125,3 +125,30 @@ def test_a_run_that_raises_or_dies_during_a_hidden_check_is_fed_back_without_the
     assert hung.status is Status.TIMEOUT and "spikes" not in hung.feedback
     elsewhere = judge(RunOutcome(status="runtime_error", reason="your forward raised: boom", hidden={"during": None}))
     assert elsewhere.feedback == "your forward raised: boom"
+
+
+def test_the_absolute_tolerance_grows_with_the_redrawn_outputs_magnitude():
+    """A matmul on inputs x1e3 has outputs x1e6: fp32 summed in another order misses an absolute 1e-2 near zero,
+    so the absolute tolerance of that call grows by the outputs' ratio (never shrinks)."""
+    source = '''import torch
+import torch.nn as nn
+
+M, K, N = 64, 256, 64
+
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+
+def get_inputs():
+    return [torch.randn(M, K), torch.randn(K, N)]
+
+
+def get_init_inputs():
+    return []
+'''
+    problem = Problem(source, "cpu", 42, CPU)
+    _, _, large = problem.variants.draw("scale_large", 3)
+    _, _, small = problem.variants.draw("scale_small", 3)
+    assert 0.5e6 < large["atol_scale"] < 2e6 and small["atol_scale"] == 1.0
