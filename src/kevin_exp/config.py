@@ -318,6 +318,16 @@ class EvaluatorConfig:
     reference_agreement: float = number(0.05, gt=0)
     reference_retries: int = number(2, ge=0)
     reference_retry_wait_s: float = number(1.0, ge=0)
+    # hidden checks: extra checked calls on inputs the prompt never shows, at other scales and distributions of
+    # the floating inputs (check_distributions) and at a hidden size (hidden_shape_check); see BenchConfig
+    check_distributions: bool = True
+    hidden_shape_check: bool = True
+    # a time below the problem's physical floor (bytes / memory bandwidth, FLOPs / peak) is `suspect`;
+    # floor_bandwidth_gbs > 0 replaces the machine's bandwidth, the floor is divided by floor_margin (0: 4 on cpu,
+    # 1.5 on cuda)
+    physical_floor: bool = True
+    floor_bandwidth_gbs: float = number(0.0, ge=0)
+    floor_margin: float = number(0.0, ge=0)
     # cap on the speedup term of the reward (0: no cap)
     max_speedup: float = number(0.0, ge=0)
     compile_timeout_s: float = number(300.0, gt=0)
@@ -356,6 +366,8 @@ class EvaluatorConfig:
         for dtype, tol in self.tolerances.items():
             if tol.atol < 0 or tol.rtol < 0:
                 problems.append(f"{prefix}tolerances.{dtype}: atol and rtol must be >= 0")
+        if 0 < self.floor_margin < 1:
+            problems.append(f"{prefix}floor_margin={self.floor_margin}: expected 0 (the backend's) or >= 1")
         if self.hang_floor_s > self.hang_ceiling_s:
             problems.append(f"{prefix}hang_floor_s={self.hang_floor_s} is above {prefix}hang_ceiling_s="
                             f"{self.hang_ceiling_s}: lower the floor or raise the ceiling")

@@ -26,7 +26,12 @@ def test_correct_cuda_kernel_is_ok(evaluator):
     [v] = evaluator.evaluate([item("ok")])
     assert v.status is Status.OK, v.feedback
     assert v.speedup > 0.5 and v.runtime_stats.trials == 100
-    assert v.extra["checked_calls"] == 5 + 5 + 100 + 1  # every call on fresh inputs, every output checked
+    # every call on fresh inputs, every output checked; and the hidden checks (other distributions, a hidden size)
+    hidden = v.extra["hidden_checks"]
+    assert hidden["failed"] is None and sorted(hidden["passed"]) == sorted(hidden["available"]) and hidden["available"]
+    assert v.extra["checked_calls"] == 5 + len(hidden["passed"]) + 5 + 100 + 1
+    floor = v.extra["floor"]  # the device's rated bandwidth and its L2, and an honest kernel above the floor
+    assert floor["bandwidth_gbs"] >= 1500 and floor["cache_bytes"] > 0 and floor["floor_ms"] < v.runtime_ms
     assert v.outside_runtime_ms >= v.runtime_ms
     timing = v.extra["timing"]  # the parent's clock brackets only the call: its bound is recorded with the report
     assert timing["calibration_overhead_ms"] is not None and timing["used_ms"] == pytest.approx(v.runtime_ms, rel=1e-6)

@@ -172,15 +172,15 @@ def test_a_recheck_that_agrees_keeps_ok_and_one_that_fails_is_the_failure():
 def test_the_trial_limit_scales_with_the_reference_between_floor_and_ceiling():
     config = BenchConfig(hang_floor_s=15.0, hang_factor=20.0, hang_ceiling_s=120.0, correctness_trials=5,
                          warmup_trials=5, timed_trials=100)
-    n = len(schedule(config))
-    assert n == 111 and schedule(config)[-1] == "check" and schedule(config)[5:10] == ["warmup"] * 5
+    n = len(schedule(config, []))
+    assert n == 111 and schedule(config, [])[-1] == "check" and schedule(config, [])[5:10] == ["warmup"] * 5
     assert trial_limit_s(0.01, n, config) == pytest.approx(15.0 + 20 * 0.01e-3 * n)
     assert trial_limit_s(10.0, n, config) == pytest.approx(15.0 + 20 * 1.11)
     assert trial_limit_s(1000.0, n, config) == 120.0
 
 
 def test_chunks_hold_what_the_reference_keeps_within_chunk_bytes():
-    kinds = schedule(BenchConfig(correctness_trials=5, warmup_trials=5, timed_trials=100))
+    kinds = schedule(BenchConfig(correctness_trials=5, warmup_trials=5, timed_trials=100), [])
     mib = 1 << 20
     # seeded: warm-up and timed calls keep only sampled values in host memory, so they share one chunk with the
     # checked calls around them; a checked call keeps inputs and outputs (2 x 256 MiB here: two per GiB)

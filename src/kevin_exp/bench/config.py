@@ -39,6 +39,10 @@ class CheckRules:
     runtime_block_torch_ops: bool = True
     # runtime: the extension built by the candidate must actually be called by forward (decoy kernels)
     runtime_require_kernel_call: bool = True
+    # runtime: framework flags that change numerics or kernels (TF32, matmul precision, cuDNN benchmark and
+    # determinism, oneDNN, thread counts, flush-to-zero) are read before the candidate loads and after every call;
+    # a change is `forbidden` (bench/worker/framework_flags.py)
+    framework_flags: bool = True
     # Bounds on the static checking itself (docs/static-rules.md); past one the verdict is `forbidden` with
     # rule `check_deadline` / `too_large`. 0 turns a bound off (ablations only: a candidate can then stall the
     # evaluator). Wall-clock limit for checking one candidate or one extension, enforced by a checker process
@@ -111,6 +115,19 @@ class BenchConfig:
     reference_agreement: float = 0.05
     reference_retries: int = 2
     reference_retry_wait_s: float = 1.0
+    # Hidden checks (bench/hidden_checks.py): extra checked calls, untimed, on inputs the prompt never shows: the
+    # floating inputs at x1e-3 and x1e3, heavy-tailed (clipped Cauchy) and with sparse spikes
+    # (check_distributions), and at a hidden size of the problem (hidden_shape_check: module-level integer sizes
+    # only get_inputs reads). One the reference is undefined on is skipped for the problem, and the verdict says so.
+    check_distributions: bool = True
+    hidden_shape_check: bool = True
+    # A time below the problem's physical floor (bytes beyond twice the caches / memory bandwidth; FLOPs / peak where
+    # both are known) is `suspect` (rule below_physical_floor, bench/physical_floor.py). floor_bandwidth_gbs > 0
+    # replaces the machine's bandwidth (cuda: the device's rated figure; cpu: a copy measured once per evaluator);
+    # the floor is further divided by floor_margin (0: 4 on cpu, 1.5 on cuda)
+    physical_floor: bool = True
+    floor_bandwidth_gbs: float = 0.0
+    floor_margin: float = 0.0
     # reward cap applied where the reward is computed (0: no cap)
     max_speedup: float = 0.0
     compile_timeout_s: float = 300.0
@@ -182,6 +199,9 @@ class BenchConfig:
             raise ValueError(f"hidden_time_retries={self.hidden_time_retries}: expected >= 0")
         if self.run_cores < -1:
             raise ValueError(f"run_cores={self.run_cores}: expected -1 (auto), 0 (none) or a number of cores")
+        if self.floor_bandwidth_gbs < 0 or not (self.floor_margin == 0 or self.floor_margin >= 1):
+            raise ValueError(f"floor_bandwidth_gbs={self.floor_bandwidth_gbs}, floor_margin={self.floor_margin}: expected "
+                             "floor_bandwidth_gbs >= 0 (0: the machine's) and floor_margin 0 (the backend's) or >= 1")
         if self.max_speedup < 0 or self.chunk_bytes < 1:
             raise ValueError("max_speedup must be >= 0 (0: no cap) and chunk_bytes >= 1")
 

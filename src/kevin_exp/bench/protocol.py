@@ -21,8 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
+from kevin_exp.bench import hidden_checks
 from kevin_exp.bench.config import BenchConfig
 from kevin_exp.bench.exchange import Layout, header_bytes, padded_bytes, seal_size
+from kevin_exp.bench.physical_floor import floor_record
 from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceFailed, ReferenceProcess, ReferenceTimings
 from kevin_exp.bench.reference_timing import REFERENCE_TIMING_BLOCKS, Measurement, settle
 from kevin_exp.bench.worker_process import Ended, WorkerProcess
@@ -73,11 +75,16 @@ class RunOutcome:
     phases: dict[str, float] = field(default_factory=dict)
     inputs: str = ""  # how the runner got each call's inputs: seeded (drew them from the call's seed) | region
     cores: list[int] = field(default_factory=list)  # the run slot's own cores the run was on (empty: none reserved)
+    hidden: dict[str, Any] = field(default_factory=dict)  # the hidden checks: asked, skipped, passed, failed (never fed back)
+    floor: dict[str, Any] | None = None  # the problem's physical floor on this machine (physical_floor.floor_record)
 
 
-def schedule(config: BenchConfig) -> list[str]:
-    """The kind of each call, in order: check | warmup | timed."""
-    return ["check"] * config.correctness_trials + ["warmup"] * config.warmup_trials + ["timed"] * config.timed_trials + ["check"]
+def schedule(config: BenchConfig, hidden: list[str] | None = None) -> list[str]:
+    """The kind of each call, in order: check | hidden:<name> | warmup | timed. The hidden checks (``hidden``: those
+    that apply to the problem; None: all the settings ask for) come after the correctness trials, before timing."""
+    names = hidden_checks.enabled(config) if hidden is None else hidden
+    return (["check"] * config.correctness_trials + [hidden_checks.kind(n) for n in names] + ["warmup"] * config.warmup_trials
+            + ["timed"] * config.timed_trials + ["check"])
 
 
 def chunk_plan(kinds: list[str], seeded: bool, input_bytes: int, output_bytes: int, chunk_bytes: int) -> dict[int, int]:
@@ -163,12 +170,18 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
     secret = secrets.randbits(63) if seed is None else seed  # never sent to the runner
     ref_limit = config.hang_ceiling_s + REFERENCE_SLACK_S
     try:
-        prepared = ref.call({"op": "prepare", "source": job.reference, "init_seed": config.seed}, ref_limit)
+        prepared = ref.call({"op": "prepare", "source": job.reference, "init_seed": config.seed,
+                             "hidden": hidden_checks.enabled(config), "floor": config.physical_floor}, ref_limit)
         outcome.device = prepared["device"]
+        outcome.hidden = hidden_checks.new_record(config, prepared)
+        if config.physical_floor:
+            outcome.floor = floor_record(prepared.get("floor"), prepared["input"], prepared["output"], config.backend,
+                                         config.floor_bandwidth_gbs, config.floor_margin)
         outcome.ref_ms, outcome.ref_cached, outcome.reference = reference_timing(
             ref, timings, job.reference, prepared, config, quiet, refresh_reference)
-        in_bytes = max(padded_bytes(prepared["input"]), padded_bytes(prepared["init"]))
-        out_bytes = padded_bytes(prepared["output"])
+        hidden = prepared.get("hidden") or {}  # a hidden size's inputs and output may be larger
+        in_bytes = max(padded_bytes(prepared["input"]), padded_bytes(prepared["init"]), int(hidden.get("input_bytes", 0)))
+        out_bytes = max(padded_bytes(prepared["output"]), int(hidden.get("output_bytes", 0)))
         layout = Layout.for_sizes(in_bytes, out_bytes)
         lap("reference_s")
         seal_size(exchange_fd, layout.size)  # before any candidate code: the runner cannot grow or shrink it
@@ -198,7 +211,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
         except ReferenceFailed as exc:
             return _reference_failed(outcome, exc)
         lap("calibrate_s")
-        kinds = schedule(config)
+        kinds = schedule(config, outcome.hidden["available"])
         outcome.limits = {"load_s": config.load_timeout_s,
                           "trials_s": round(trial_limit_s(statistics.median(outcome.ref_ms), len(kinds), config), 3)}
         rules = config.rules
@@ -206,7 +219,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
                      "layout": layout.to_json(), "output": prepared["output"],
                      "rules": {"runtime_block_torch_ops": rules.runtime_block_torch_ops,
                                "runtime_require_kernel_call": rules.runtime_require_kernel_call,
-                               "no_timing_patch": rules.no_timing_patch}})
+                               "no_timing_patch": rules.no_timing_patch, "framework_flags": rules.framework_flags}})
         reply = runner.recv(time.monotonic() + config.load_timeout_s)
         if not _answered(outcome, runner, reply, "load", "loaded"):
             return outcome
@@ -223,6 +236,8 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
                     if not calls.settle(checks):  # the chunk replaces the reference's trials: none may be unchecked
                         return outcome
                     calls.chunk(secret, i, kinds[i:i + starts[i]], ref_limit + config.hang_ceiling_s)
+                # a run that ends during a hidden check is fed back without what the call was (verdict)
+                outcome.hidden["during"] = hidden_checks.name_of(kind) if hidden_checks.is_hidden(kind) else None
                 timed = kind == "timed"  # all the runner learns of a call's kind: it is checked like any other
                 if not calls.run(i, kind, lambda staged: {"op": "trial", "i": i, **_inputs(staged), "timed": timed},
                                  checks):
@@ -268,7 +283,10 @@ def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess
 
 def _inputs(staged: dict[str, Any]) -> dict[str, Any]:
     """What the runner is told of a call's inputs: their seed (it draws them itself) or where they are."""
-    return {"seed": staged["seed"]} if "seed" in staged else {"inputs": staged["inputs"]}
+    told = {"seed": staged["seed"]} if "seed" in staged else {"inputs": staged["inputs"]}
+    if "output" in staged:  # a hidden size's call: the output header it must match
+        told["output"] = staged["output"]
+    return told
 
 
 @dataclass
@@ -317,16 +335,21 @@ class _Calls:
         assert self.ran is None
         self.samples = {start + k: secrets.randbits(63) for k, kind in enumerate(kinds) if kind in SAMPLED_KINDS}
         reply = self.ref.call({"op": "chunk", "secret": secret, "start": start, "count": len(kinds), "seeded": self.seeded,
-                               "samples": {str(i): seed for i, seed in self.samples.items()}}, limit)
+                               "samples": {str(i): seed for i, seed in self.samples.items()},
+                               "variants": hidden_checks.variants(kinds, start)}, limit)
         self.staged = (reply.get("staged") or {}) if self.seeded else {}
+        for i, drawn in (reply.get("hidden") or {}).items():  # what each hidden call drew, for the verdict's record
+            self.outcome.hidden.setdefault("drawn", {})[i] = drawn
 
     def run(self, i: int, kind: str, make_request: Callable[[dict[str, Any]], dict[str, Any]], checks: "_Checks") -> bool:
         """Stage and make call ``i`` (``make_request`` turns the reference's stage into the runner's request), once
         the call before it is collected and checked. False when the run ended (``outcome`` says why)."""
         if not self.settle(checks):
             return False
-        staged = self.staged.pop(str(i)) if self.seeded else \
-            self.ref.call({"op": "stage", "i": i, "layout": self.layout.to_json()}, self.ref_limit)
+        if self.seeded and str(i) in self.staged:
+            staged = self.staged.pop(str(i))
+        else:  # inputs written to the region (hidden checks always are)
+            staged = self.ref.call({"op": "stage", "i": i, "layout": self.layout.to_json()}, self.ref_limit)
         request, drawn = make_request(staged), staged.get("fingerprint")
         t0 = time.monotonic()
         deadline = t0 + self.budget_s - self.spent
@@ -433,10 +456,18 @@ class _TrialChecks(_Checks):
                 _violation(outcome, self.runner, check["reason"])
                 return False
             outcome.status = "incorrect"
-            outcome.reason = _where(ran.kind, ran.i, self.config) + check["reason"]
-            outcome.max_abs_diff = check.get("max_abs_diff") or 0.0
+            if hidden_checks.is_hidden(ran.kind):  # the feedback names neither the shape nor the distribution
+                outcome.reason = hidden_checks.FEEDBACK
+                outcome.hidden["failed"] = {"check": hidden_checks.name_of(ran.kind), "call": ran.i,
+                                            "reason": check["reason"], "max_abs_diff": check.get("max_abs_diff")}
+            else:
+                outcome.reason = _where(ran.kind, ran.i, self.config) + check["reason"]
+                outcome.max_abs_diff = check.get("max_abs_diff") or 0.0
             _finish(outcome, self.runner)
             return False
+        if hidden_checks.is_hidden(ran.kind):
+            outcome.hidden["passed"].append(hidden_checks.name_of(ran.kind))
+            return True
         outcome.max_abs_diff = max(outcome.max_abs_diff, check.get("max_abs_diff") or 0.0)
         if ran.kind == "check":
             outcome.correctness_trials += 1

@@ -26,8 +26,10 @@ import torch
 
 from kevin_exp.bench.config import Tolerance
 from kevin_exp.bench.exchange import HeaderError, Layout, Region, describe, mismatch, read_values, validate, write_values
+from kevin_exp.bench.physical_floor import count_flops, machine_figures
 from kevin_exp.bench.sampling import fingerprint_lazy, input_seed, resolve_fingerprints, sampled, sampled_in_region, to_host
 from kevin_exp.bench.worker.comparison import compare_outputs, same_bits, same_values
+from kevin_exp.bench.worker.input_variants import Skipped, Variants
 from kevin_exp.bench.worker.reference import load_reference, make_inputs
 from kevin_exp.bench.worker.tensors import clone_values, device_name, synchronize
 from kevin_exp.bench.worker.timing import CacheFlusher, Timer
@@ -44,8 +46,8 @@ def trial_seed(secret: int, index: int) -> int:
 class _Tolerances:
     """``compare_outputs`` reads ``config.tolerance_for``; the request carries the table."""
 
-    def __init__(self, table: dict[str, dict[str, float]]) -> None:
-        self.table = {k: Tolerance(**v) for k, v in table.items()}
+    def __init__(self, table: dict[str, dict[str, float]], atol_scale: float = 1.0) -> None:
+        self.table = {k: Tolerance(v["atol"] * atol_scale, v["rtol"]) for k, v in table.items()}
 
     def tolerance_for(self, dtype_name: str) -> Tolerance:
         return self.table.get(dtype_name, self.table["float32"])
@@ -64,6 +66,8 @@ class Problem:
             out = self.model(*clone_values(sample))
         synchronize(device)
         self.input_header, self.output_header = describe(list(sample)), describe(out)
+        self.variants = Variants(self.ns, self.model, device, sample, out)
+        self.flops: float | None | bool = False  # counted when first asked (False: not yet)
         # the runner may draw the inputs itself from each call's seed only if the same seed gives the same inputs
         self.seeded = same_values(list(self.inputs(init_seed + 1)), list(self.inputs(init_seed + 1)))
 
@@ -91,7 +95,9 @@ class Server:
         self.problems: OrderedDict[str, Problem] = OrderedDict()
         self.problem: Problem | None = None
         self.trials: dict[int, tuple[list[Any], Any]] = {}
+        self.atol_scale: dict[int, float] = {}  # hidden calls on redrawn values: their absolute tolerance's factor
         self.secret: int | None = None
+        self.machine: dict[str, Any] | None = None  # memory bandwidth and cache, measured once (physical_floor)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
 
@@ -108,9 +114,31 @@ class Server:
         while len(self.problems) > KEEP_PROBLEMS:
             self.problems.popitem(last=False)
         self.problem, self.trials, self.secret = problem, {}, None
-        return {"op": "prepared", "input": problem.input_header, "output": problem.output_header,
-                "init": describe(list(problem.init_inputs)), "device": device_name(self.device),
-                "torch": torch.__version__, "seeded": problem.seeded}
+        reply = {"op": "prepared", "input": problem.input_header, "output": problem.output_header,
+                 "init": describe(list(problem.init_inputs)), "device": device_name(self.device),
+                 "torch": torch.__version__, "seeded": problem.seeded}
+        if r.get("hidden"):
+            reply["hidden"] = self._hidden_offer(problem, [str(x) for x in r["hidden"]], int(r["init_seed"]))
+        if r.get("floor"):
+            reply["floor"] = self._floor_figures(problem)
+        return reply
+
+    def _hidden_offer(self, problem: Problem, names: list[str], seed: int) -> dict[str, Any]:
+        """Which hidden checks apply to the problem (probed once on the reference), why the others are skipped, and
+        the largest inputs and output a hidden size takes (the region is sized for them)."""
+        skipped = {n: why for n in names if (why := problem.variants.probe(n, seed + 2)) is not None}
+        largest = problem.variants.largest_bytes if "hidden_shape" in names and "hidden_shape" not in skipped else {}
+        return {"checks": [n for n in names if n not in skipped], "skipped": skipped,
+                "input_bytes": largest.get("input", 0), "output_bytes": largest.get("output", 0)}
+
+    def _floor_figures(self, problem: Problem) -> dict[str, Any]:
+        """What the physical floor needs from this process (``physical_floor``): the machine's memory bandwidth and
+        cache, and the problem's FLOPs where the reference's ops are counted."""
+        if self.machine is None:
+            self.machine = machine_figures(self.device)
+        if problem.flops is False:
+            problem.flops = count_flops(problem.model, problem.inputs(0))
+        return {**self.machine, "flops": problem.flops}
 
     def op_exchange(self, r: dict[str, Any]) -> dict[str, Any]:
         """The shared region of the runner the next run is with, its descriptor sent on the exchange socket; the
@@ -152,13 +180,21 @@ class Server:
         made, then brought to host memory together), so their check needs no device work and a chunk of them
         holds no whole outputs."""
         self.secret = int(r["secret"])
-        self.trials = {}
+        self.trials, self.atol_scale = {}, {}
         samples = {int(k): int(v) for k, v in (r.get("samples") or {}).items()}
+        variants = {int(k): str(v) for k, v in (r.get("variants") or {}).items()}
         staged: dict[str, Any] = {}
         to_sample: dict[int, Any] = {}
         inputs_to_sample: dict[int, Any] = {}
+        hidden: dict[str, Any] = {}
         with torch.no_grad():
             for i in range(int(r["start"]), int(r["start"]) + int(r["count"])):
+                if i in variants:  # a hidden check: staged through the region, never from a seed
+                    inputs, expected, hidden[str(i)] = self._hidden_call(variants[i], trial_seed(self.secret, i))
+                    self.atol_scale[i] = float(hidden[str(i)].get("atol_scale", 1.0))
+                    self.trials[i] = (inputs, expected)
+                    del inputs, expected
+                    continue
                 inputs = self.problem.inputs(trial_seed(self.secret, i))
                 expected = self.problem.model(*clone_values(inputs))
                 if r.get("seeded"):  # the runner draws each call's inputs from its seed; the fingerprint must match
@@ -177,19 +213,34 @@ class Server:
                 self.trials[i][1].want, self.trials[i][1].inputs_want = rows[k], rows[len(order) + k]
         synchronize(self.device)
         reply: dict[str, Any] = {"op": "chunked"}
+        if hidden:
+            reply["hidden"] = hidden
         if r.get("seeded"):
             prints = resolve_fingerprints([v["fingerprint"] for v in staged.values()])
             reply["staged"] = {k: {**v, "fingerprint": fp} for (k, v), fp in zip(staged.items(), prints)}
         return reply
 
+    def _hidden_call(self, name: str, seed: int) -> tuple[list[Any], Any, dict[str, Any]]:
+        """A hidden check's inputs and expected output; where the reference is undefined on this draw, the call
+        falls back to the problem's own inputs and the record says it was skipped."""
+        try:
+            inputs, expected, drawn = self.problem.variants.draw(name, seed)
+            return inputs, expected, {"check": name, **drawn}
+        except Skipped as why:
+            inputs = self.problem.inputs(seed)
+            return inputs, self.problem.model(*clone_values(inputs)), {"check": name, "skipped": str(why)}
+
     def op_stage(self, r: dict[str, Any]) -> dict[str, Any]:
         """One call's inputs for the runner, written to the region (inputs a seed does not determine; seeded ones
         are staged by ``op_chunk``)."""
-        inputs, _ = self.trials[int(r["i"])]
+        inputs, expected = self.trials[int(r["i"])]
         layout = Layout.from_json(r["layout"])
         header, _ = write_values(list(inputs), self.region.mapped(layout.size), layout.inputs_at, layout.outputs_at)
         synchronize(self.device)
-        return {"op": "staged", "inputs": header}
+        staged: dict[str, Any] = {"op": "staged", "inputs": header}
+        if not isinstance(expected, _Sampled):  # the output a checked call must match (a hidden size has its own)
+            staged["output"] = describe(expected)
+        return staged
 
     def op_check(self, r: dict[str, Any]) -> dict[str, Any]:
         """A call's check, answered before the runner does anything more (the parent sends nothing else to the
@@ -213,7 +264,7 @@ class Server:
         except HeaderError as exc:
             return {"op": "checked", "ok": False, "reason": f"the runner's report is malformed ({exc})", "malformed": True}
         mm = self.region.mapped(layout.size)
-        tolerances = _Tolerances(r["tolerances"])
+        tolerances = _Tolerances(r["tolerances"], self.atol_scale.pop(int(r["i"]), 1.0))
         sampled_call = isinstance(expected, _Sampled)
         why = mismatch(r["outputs"], expected.header if sampled_call else describe(expected))
         if why:
@@ -239,7 +290,7 @@ class Server:
         return {"op": "checked", "ok": True, "max_abs_diff": cmp.max_abs_diff}
 
     def op_release(self, r: dict[str, Any]) -> dict[str, Any]:
-        self.trials, self.secret = {}, None
+        self.trials, self.secret, self.atol_scale = {}, None, {}
         return {"op": "released"}
 
     def op_report(self, r: dict[str, Any]) -> dict[str, Any]:

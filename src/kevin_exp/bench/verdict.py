@@ -10,8 +10,10 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from kevin_exp.bench import hidden_checks
 from kevin_exp.bench.config import BenchConfig
 from kevin_exp.bench.messages import trim
+from kevin_exp.bench.physical_floor import below_floor
 
 if TYPE_CHECKING:
     from kevin_exp.bench.protocol import RunOutcome
@@ -142,6 +144,8 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
     if outcome.ref_ms:
         extra["ref_timing_cached"] = outcome.ref_cached
         extra["reference"] = outcome.reference  # the reference timing the speedup divides by: value, how, spread
+    if outcome.hidden:
+        extra["hidden_checks"] = outcome.hidden
     common: dict[str, Any] = dict(compile_s=compile_s, run_s=run_s, cache_hit=cache_hit, device=outcome.device,
                                   time_limit_s=outcome.limits.get("trials_s"), extra=extra)
 
@@ -150,6 +154,14 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
 
     if outcome.status == "reference_failed":
         return verdict(Status.CRASHED, f"evaluator error: {outcome.reason}", feedback=outcome.reason)
+    if outcome.hidden.get("during") and outcome.status not in ("ok", "incorrect", "forbidden"):
+        # ended (crash, hang) or raised during a hidden check: what it printed or raised may show the call's inputs
+        status = Status.TIMEOUT if outcome.ended is not None and outcome.ended.how == "timeout" else \
+            Status.RUNTIME_ERROR if outcome.status == "runtime_error" else Status.CRASHED
+        reason = f"{status.value} {hidden_checks.DURING}: {outcome.reason or (outcome.ended.how if outcome.ended else '')}"
+        feedback = {Status.TIMEOUT: "the run exceeded its time limit", Status.RUNTIME_ERROR: "your forward raised"}.get(
+            status, "the process running your code died") + " " + hidden_checks.DURING
+        return verdict(status, reason, rule=outcome.rule, feedback=feedback)
     if outcome.ended is not None:
         how = outcome.ended.how
         if how == "timeout":
@@ -210,6 +222,15 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
                   f"{outcome.outside_ms[k]:.4g} ms the evaluator measured from outside; the run counts for nothing")
         extra["impossible_calls"] = impossible[:20]
         return verdict(Status.SUSPECT, reason, rule="timing_inconsistent", **checked, **timing)
+    if outcome.floor is not None:
+        extra["floor"] = {**outcome.floor, "runtime_ms": round(used_ms, 6)}
+        if below_floor(outcome.floor, used_ms):
+            reason = (f"suspect: {used_ms:.4g} ms is below the problem's physical floor of {outcome.floor['floor_ms']:.4g} ms "
+                      f"(its {outcome.floor['bytes_beyond_cache']} bytes beyond the caches at "
+                      f"{outcome.floor['bandwidth_gbs']:g} GB/s x {outcome.floor['margin']:g}"
+                      + (", or its FLOPs at the device's peak" if outcome.floor.get("flops_floor_ms") else "")
+                      + "): no kernel is that fast; the run counts for nothing")
+            return verdict(Status.SUSPECT, reason, rule="below_physical_floor", **checked, **timing)
     reason = (f"correct; speedup {speedup:.3g}x over PyTorch eager ({ref_ms:.4g} ms -> {used_ms:.4g} ms, "
               f"{stat} of {new.trials} timed calls")
     reason += "; the evaluator's outside clock, as the reported time was shorter)" if used_ms > reported_ms else ")"

@@ -26,6 +26,7 @@ from kevin_exp.bench.exchange import HeaderError, Layout, Region, read_values, v
 from kevin_exp.bench.worker.candidate import ExtensionCalls, hook_load_inline, load_candidate
 from kevin_exp.bench.worker.final_output import final_output, held_inputs, inputs_kept, not_aliased
 from kevin_exp.bench.worker.final_output import tensor_leaves as final_leaves
+from kevin_exp.bench.worker.framework_flags import FlagSnapshot
 from kevin_exp.bench.worker.outcomes import NeedsBuild, Rejected, stage
 from kevin_exp.bench.worker.tensors import device_name, synchronize
 from kevin_exp.bench.worker.timing import CacheFlusher, Timer
@@ -103,6 +104,7 @@ class Call:
     ms: Any = _NOT_RUN
     held: list[tuple[Any, ...]] | None = None  # the inputs' tensors as staged: data, storage, layout
     written: dict[str, Any] | None = None  # the headers of the outputs and post-call inputs in the region
+    expected: dict[str, Any] | None = None  # the header of the output the call must return
 
 
 class Harness:
@@ -176,8 +178,10 @@ class Harness:
             raise Rejected("crashed", "evaluator error: inputs must be a list")
         call = make(inputs)
         call.held = held_inputs(inputs)
-        if self.expected_output is not None:
-            poison_allocator(self.expected_output, self.device)
+        # a call at a hidden size expects an output of its own shape (the parent says so); others the problem's
+        call.expected = request.get("output") or self.expected_output
+        if call.expected is not None:
+            poison_allocator(call.expected, self.device)
         synchronize(self.device)
         if call.timed:
             self.flusher.flush()
@@ -211,8 +215,8 @@ class Harness:
         if gc.isenabled():  # a collection would run candidates' finalisers whenever the harness allocates
             gc.disable()
         call.after_run(out)
-        if self.expected_output is not None:
-            final_output(out, self.expected_output, self.device)
+        if call.expected is not None:
+            final_output(out, call.expected, self.device)
         inputs_kept(call.inputs, call.held)
         not_aliased(out, call.held)
         mm = self.region.mapped(layout.size)
@@ -316,6 +320,7 @@ class Runner:
 
         close_exchange_descriptor(harness.region, self.layout.size)  # no writable file left to map executable
         self.timing_snapshot = snapshot_timing_functions()
+        self.flags = FlagSnapshot() if self.rules.get("framework_flags") else None
         self.calls = ExtensionCalls()
         hook_load_inline({k: tuple(v) for k, v in job.get("prebuilt", {}).items()}, self.calls)
         with stage("runtime_error", "loading your module raised"):
@@ -365,6 +370,7 @@ class Runner:
                     raise
 
             def after_run(out: Any) -> None:
+                self.check_flags_untouched()
                 if getattr(guard, "violations", None):
                     raise Rejected("forbidden", f"forward called the PyTorch op {guard.violations[0]}; compute must happen in "
                                    "your kernel", rule="runtime_torch_op")
@@ -380,6 +386,13 @@ class Runner:
 
     def finish(self) -> None:
         self.check_timing_untouched()
+        self.check_flags_untouched()
+
+    def check_flags_untouched(self) -> None:
+        changed = self.flags.changed() if self.flags is not None else []
+        if changed:
+            raise Rejected("forbidden", f"framework flags that change numerics or kernels were changed: {'; '.join(changed)}",
+                           rule="framework_flags")
 
     def check_timing_untouched(self) -> None:
         from kevin_exp.bench.runtime_guard import verify_timing_functions
