@@ -107,6 +107,8 @@ class Region:
         self._old: list[mmap.mmap] = []
 
     def mapped(self, need: int) -> mmap.mmap:
+        if self.mm is not None and self.size >= need:
+            return self.mm  # a runner's mapping outlives its descriptor (closed before candidate code loads)
         if self.fd < 0:
             raise HeaderError("no shared region is attached")
         if self.mm is None or self.size < need:
