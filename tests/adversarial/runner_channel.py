@@ -76,7 +76,7 @@ int64_t leave(std::string marker) {
 int64_t find(std::string marker) {
     int fd = exchange_fd();
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) return -1;
+    if (fd < 0 || fstat(fd, &st) != 0) return FIND_MAPPED;
     std::string buf(1 << 20, '\0');
     for (off_t pos = 0; pos < st.st_size; pos += static_cast<off_t>(buf.size() - marker.size())) {
         ssize_t n = pread(fd, &buf[0], buf.size(), pos);
@@ -104,12 +104,40 @@ torch::Tensor leaky_or_zeros(torch::Tensor x, int64_t signal) {
 
 FUNCTIONS = ("leaky", "strike", "leave", "find", "grow", "leaky_or_zeros")
 
+# With ``read_maps``: where the runner has no descriptor of the exchange left (it closes them before candidate code
+# loads), ``find`` searches the exchange's mapping, found through /proc/self/maps (file access the static rules
+# refuse: a test that uses it switches them off).
+MAPS_READER = r"""
+#include <cstdio>
+#include <cstring>
+// the runner closes its descriptors of the exchange before candidate code loads; its mapping stays: search it
+static int64_t find_mapped(const std::string& marker) {
+    FILE* maps = fopen("/proc/self/maps", "r");
+    if (!maps) return 0;
+    char line[512];
+    int64_t found = 0;
+    while (!found && fgets(line, sizeof line, maps)) {
+        if (!strstr(line, "memfd:")) continue;
+        unsigned long lo = 0, hi = 0;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) != 2 || !strstr(line, " r")) continue;
+        std::string view(reinterpret_cast<const char*>(lo), hi - lo);
+        found = view.find(marker) != std::string::npos;
+    }
+    fclose(maps);
+    return found;
+}
 
-def channel_candidate(*, prelude: str = "", init: str = "", forward: str = "return ext.leaky(x)") -> str:
+"""
+
+
+def channel_candidate(*, prelude: str = "", init: str = "", forward: str = "return ext.leaky(x)",
+                      read_maps: bool = False) -> str:
     """A candidate on ``CHANNEL_KERNEL``: ``prelude`` is module-level code, ``init`` runs in ``ModelNew.__init__``
     (the load phase), ``forward`` is the call."""
-    source = candidate(CHANNEL_KERNEL, name="adv_runner_channel", functions=FUNCTIONS, forward=forward,
-                       prelude=prelude)
+    kernel = (MAPS_READER + CHANNEL_KERNEL.replace("FIND_MAPPED", "find_mapped(marker)")) if read_maps else \
+        CHANNEL_KERNEL.replace("FIND_MAPPED", "0")
+    source = candidate(kernel, name="adv_runner_channel_maps" if read_maps else "adv_runner_channel",
+                       functions=FUNCTIONS, forward=forward, prelude=prelude)
     if init:
         source = source.replace("        super().__init__()\n",
                                 "        super().__init__()\n" + textwrap.indent(textwrap.dedent(init).strip("\n"), " " * 8)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kevin_exp.bench import CheckRules
 from kevin_exp.bench.evaluator import EvalItem, Evaluator
 from tests.adversarial.attacks import HONEST, PROBLEM, config
 from tests.adversarial.runner_channel import channel_candidate
@@ -19,7 +20,7 @@ ext.leave({MARKER!r})
 return ext.leaky(x)
 """)
 # Its twin: looks for the marker in its own exchange; its verdict says whether it found it (zeros: found).
-READ_MARKER = channel_candidate(forward=f"return ext.leaky_or_zeros(x, ext.find({MARKER!r}))")
+READ_MARKER = channel_candidate(forward=f"return ext.leaky_or_zeros(x, ext.find({MARKER!r}))", read_maps=True)
 # Grows the exchange to 1 GiB (the runner's file-size limit; sparse, so it costs the candidate nothing) and
 # computes honestly: every runner started after it maps the whole exchange at start-up (on cuda also page-locks
 # it), and the reference process maps it for every later run, for the evaluator's life.
@@ -33,7 +34,8 @@ GROW_TELLING = channel_candidate(forward="return ext.leaky_or_zeros(x, ext.grow(
 
 @pytest.fixture(scope="module")
 def evaluate(build_cache):
-    with Evaluator(config(build_cache, hang_s=20)) as ev:
+    # the static rules would refuse the reader's file access (fopen of /proc/self/maps): what is tested is the design
+    with Evaluator(config(build_cache, hang_s=20, rules=CheckRules(restrict_imports=False))) as ev:
         yield lambda name, source: ev.evaluate([EvalItem(name, PROBLEM, source)])[0]
 
 

@@ -219,9 +219,10 @@ def test_honest_kernel_still_passes(verdicts):
 
 
 def test_slowed_clock_gains_nothing_when_only_the_outside_clock_stands_in_its_way(build_cache):
-    """The same attack with the static rule that refuses its includes switched off, so the runner's clock really
-    runs slow: the parent's clock, which brackets only the call, bounds the time the speedup uses. On an input
-    four times the usual (about 1 ms a call on one core), so that what the lie hides (60% of the call) stands
+    """The same attack with the static rule that refuses its includes switched off, and the runner's system-call
+    filter too (it refuses making code writable: test_after_the_clock.py), so the runner's clock really runs slow:
+    the parent's clock, which brackets only the call, bounds the time the speedup uses. On an input four times the
+    usual (about 1 ms a call on one core), so that what the lie hides (60% of the call) stands
     well above the noise of the path around a call on a busy machine (0.1-0.3 ms)."""
     from kevin_exp.bench import CheckRules
     from tests.adversarial.attacks import PROBLEM, config
@@ -230,7 +231,7 @@ def test_slowed_clock_gains_nothing_when_only_the_outside_clock_stands_in_its_wa
     problem = PROBLEM.replace('{"M": 256, "N": 2048}', '{"M": 1024, "N": 2048}')
     assert problem != PROBLEM
     attack = Attack("slowed_clock_past_the_static_rules", SLOW_CLOCK, stopped("suspect"), gain=True, problem=problem)
-    cfg = config(build_cache, rules=CheckRules(restrict_imports=False))
+    cfg = config(build_cache, rules=CheckRules(restrict_imports=False), forbid_new_tasks=False)
     for attempt in range(3):  # measured again on a failure, like judge() (timing noise of a 2-core box)
         bad, good = evaluate_attacks([attack], cfg)[attack.name]
         try:
@@ -257,7 +258,7 @@ def test_one_fast_looking_call_does_not_set_the_time_under_the_minimum(build_cac
     problem = PROBLEM.replace('{"M": 256, "N": 2048}', '{"M": 4096, "N": 2048}')
     assert problem != PROBLEM
     attack = Attack("slowed_clock_on_one_call", SLOW_CLOCK_ON_ONE_CALL, stopped("suspect"), gain=True, problem=problem)
-    cfg = config(build_cache, rules=CheckRules(restrict_imports=False), timing_statistic="min")
+    cfg = config(build_cache, rules=CheckRules(restrict_imports=False), forbid_new_tasks=False, timing_statistic="min")
     for attempt in range(3):  # measured again on a failure, like judge() (timing noise of a 2-core box)
         bad, good = evaluate_attacks([attack], cfg)[attack.name]
         try:
@@ -284,7 +285,7 @@ def test_a_clock_slowed_well_past_the_noise_is_suspect_on_every_measurement(buil
     problem = PROBLEM.replace('{"M": 256, "N": 2048}', '{"M": 4096, "N": 2048}')
     assert problem != PROBLEM
     attack = Attack("slowed_clock_hiding_milliseconds", SLOW_CLOCK, stopped("suspect"), gain=True, problem=problem)
-    cfg = config(build_cache, rules=CheckRules(restrict_imports=False), hidden_time_retries=1)
+    cfg = config(build_cache, rules=CheckRules(restrict_imports=False), forbid_new_tasks=False, hidden_time_retries=1)
     bad, good = evaluate_attacks([attack], cfg)[attack.name]
     judge(attack, bad, good)
     assert bad.rule == "hidden_time", bad.reason

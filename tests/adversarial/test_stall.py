@@ -43,6 +43,15 @@ torch::Tensor leaky(torch::Tensor x) {
 }
 """, name="adv_cpp_hang")
 
+# a plain spin: what the hang limit alone must stop
+CPP_SPIN = candidate(r"""
+torch::Tensor leaky(torch::Tensor x) {
+    volatile bool forever = true;
+    while (forever) {}
+    return x;
+}
+""", name="adv_cpp_spin")
+
 PYTHON_HANG = candidate(forward='''
 spins = 0
 while spins >= 0:
@@ -109,7 +118,9 @@ raise ValueError("A" * 50000000)
 ''')
 
 ATTACKS = [
-    Attack("cpp_infinite_loop_ignoring_sigterm", CPP_HANG, stopped("timeout")),
+    # ignoring SIGTERM needs a signal handler, which the runner's filter refuses: crashed at the first call
+    Attack("cpp_infinite_loop_ignoring_sigterm", CPP_HANG, stopped("crashed", "timeout")),
+    Attack("cpp_infinite_loop", CPP_SPIN, stopped("timeout")),
     Attack("python_infinite_loop", PYTHON_HANG, stopped("timeout")),
     Attack("fork_bomb_through_raw_syscall", FORK_BOMB, stopped("forbidden", "runtime_error", "crashed", "timeout"),
            needs=("static", "sandbox")),

@@ -154,6 +154,11 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
 
     if outcome.status == "reference_failed":
         return verdict(Status.CRASHED, f"evaluator error: {outcome.reason}", feedback=outcome.reason)
+    if outcome.hidden.get("during") and outcome.status == "incorrect" and not outcome.hidden.get("failed"):
+        # the runner refused a hidden call's output itself (its shape, its kind): a failed hidden check, and its
+        # reason (which may name the hidden size) stays in the record
+        outcome.hidden["failed"] = {"check": outcome.hidden["during"], "call": outcome.trial, "reason": outcome.reason}
+        outcome.reason = hidden_checks.FEEDBACK
     if outcome.hidden.get("during") and outcome.status not in ("ok", "incorrect", "forbidden"):
         # ended (crash, hang) or raised during a hidden check: what it printed or raised may show the call's inputs
         status = Status.TIMEOUT if outcome.ended is not None and outcome.ended.how == "timeout" else \
