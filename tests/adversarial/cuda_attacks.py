@@ -133,31 +133,35 @@ static cudaStream_t private_stream() {
 """
 
 MATVEC_KERNEL = HEADERS + r"""
-// one warp per output feature, the 8 input rows at once; float4 loads of the weight row
+// one warp per output feature, 8 input rows at a time; float4 loads of the weight row
 __global__ void matvec_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
-                              int in, int outn) {
+                              int in, int outn, int batch) {
     int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (row >= outn) return;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     const float4* wr = reinterpret_cast<const float4*>(w + (long)row * in);
-    for (int k = lane; k < in / 4; k += 32) {
-        float4 a = wr[k];
+    for (int b0 = 0; b0 < batch; b0 += 8) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int k = lane; k < in / 4; k += 32) {
+            float4 a = wr[k];
+            #pragma unroll
+            for (int b = 0; b < 8; ++b) {
+                if (b0 + b < batch) {
+                    float4 v = reinterpret_cast<const float4*>(x + (long)(b0 + b) * in)[k];
+                    acc[b] += a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
+                }
+            }
+        }
         #pragma unroll
         for (int b = 0; b < 8; ++b) {
-            float4 v = reinterpret_cast<const float4*>(x + (long)b * in)[k];
-            acc[b] += a.x * v.x + a.y * v.y + a.z * v.z + a.w * v.w;
+            float v = acc[b];
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+            if (lane == 0 && b0 + b < batch) out[(long)(b0 + b) * outn + row] = v;
         }
-    }
-    #pragma unroll
-    for (int b = 0; b < 8; ++b) {
-        float v = acc[b];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-        if (lane == 0) out[(long)b * outn + row] = v;
     }
 }
 
 static torch::Tensor matvec_out(const torch::Tensor& x, const torch::Tensor& w) {
-    TORCH_CHECK(x.size(0) == 8 && x.size(1) == w.size(1) && x.size(1) % 4 == 0, "unexpected shapes");
+    TORCH_CHECK(x.size(1) == w.size(1) && x.size(1) % 4 == 0, "unexpected shapes");
     return torch::empty({x.size(0), w.size(0)}, x.options());
 }
 """
@@ -169,7 +173,7 @@ torch::Tensor matvec(torch::Tensor x, torch::Tensor w) {
     auto out = matvec_out(xc, wc);
     int outn = (int)wc.size(0);
     matvec_kernel<<<(outn * 32 + 255) / 256, 256, 0, torch_stream()>>>(
-        xc.data_ptr<float>(), wc.data_ptr<float>(), out.data_ptr<float>(), (int)wc.size(1), outn);
+        xc.data_ptr<float>(), wc.data_ptr<float>(), out.data_ptr<float>(), (int)wc.size(1), outn, (int)xc.size(0));
     return out;
 }
 """

@@ -279,7 +279,7 @@ torch::Tensor matvec(torch::Tensor x, torch::Tensor w) {
     const float* xp = xc.data_ptr<float>();
     const float* wp = wc.data_ptr<float>();
     float* op = out.data_ptr<float>();
-    TORCH_CHECK(cudaLaunchKernelEx(&cfg, matvec_kernel, xp, wp, op, in, outn) == cudaSuccess, "launch failed");
+    TORCH_CHECK(cudaLaunchKernelEx(&cfg, matvec_kernel, xp, wp, op, in, outn, (int)xc.size(0)) == cudaSuccess, "launch failed");
     return out;
 }
 """, name="adv_cuda_l2_persist", functions=("matvec",), declarations=MATVEC_DECL, init=MATVEC_INIT,

@@ -50,6 +50,8 @@ class RunSlot:
         self._reference: ReferenceProcess | None = None
         self._standby: deque[WorkerProcess] = deque()
         self._reapers: list[threading.Thread] = []
+        # reapers of runners killed mid-call (a hang, a crash): the next run waits for them (_wait_for_the_killed)
+        self._killed: list[threading.Thread] = []
         self.gate = DeviceGate(run_root / f"device-gate-{index}") if config.backend == "cuda" else None
 
     def start(self) -> None:
@@ -74,6 +76,7 @@ class RunSlot:
         """Run one candidate in a fresh runner: its outcome, and the seconds the run took. ``refresh_reference``
         times the reference again first (a recheck does)."""
         t_take = time.monotonic()
+        waited = self._wait_for_the_killed()
         ref = self.reference()
         worker = self._take()
         if self.config.backend == "cuda":
@@ -92,7 +95,9 @@ class RunSlot:
         outcome.cores = sorted(self.cpus)
         t1 = time.monotonic()
         self.exchange_size = max(self.exchange_size, _size_of(worker.exchange_fd))  # (sealed before candidate code)
-        self._retire(worker)
+        self._retire(worker, killed=outcome.ended is not None or outcome.status in ("timeout", "crashed"))
+        if waited:
+            outcome.phases["killed_runner_wait_s"] = round(waited, 4)
         if not ref.alive() or ref.pending:
             self._drop_reference()  # a reply behind (or gone): the next run starts a fresh one
             outcome.phases["reference_restarted"] = 1.0
@@ -189,12 +194,27 @@ class RunSlot:
             fork_server=self.fork_server,
         )
 
-    def _retire(self, worker: WorkerProcess) -> None:
-        """The runner has finished (or died): kill it and reap it off the critical path."""
+    def _retire(self, worker: WorkerProcess, killed: bool = False) -> None:
+        """The runner has finished (or died): kill it and reap it off the critical path; one ended mid-call
+        (``killed``) is waited for before the next run (``_wait_for_the_killed``)."""
         reaper = worker.close(wait=False)
         self._reapers = [r for r in self._reapers if r.is_alive()]
         if reaper is not None:
             self._reapers.append(reaper)
+            if killed:
+                self._killed.append(reaper)
+
+    def _wait_for_the_killed(self) -> float:
+        """Before a run: the runners killed mid-call have finished ending. On cuda a killed runner's context, and a
+        kernel it left running on every SM, last until the driver tears them down; a run beside that is slowed
+        (its outside clock, its copies), so what one candidate left running would change the next one's verdict.
+        The seconds waited."""
+        t0 = time.monotonic()
+        for reaper in self._killed:
+            reaper.join(timeout=REAP_WAIT_S)
+        self._killed.clear()
+        waited = time.monotonic() - t0
+        return waited if waited > 1e-3 else 0.0
 
 
 def _size_of(fd: int) -> int:
