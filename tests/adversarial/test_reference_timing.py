@@ -103,10 +103,9 @@ def hang_then_honest(cfg, problem: str, hang: str, honest: str) -> None:
         hanged, after = ev.evaluate([EvalItem("hang", problem, hang), EvalItem("after", after_problem, honest)])
     assert hanged.status is Status.TIMEOUT, hanged.reason
     assert after.status is Status.OK, after.reason
-    # what a slowed reference would give the next candidate: a speedup inflated by it (a slower honest kernel, the
-    # box's own noise, gains nothing and is not what this is about)
-    ratio = after.speedup / quiet.speedup
-    assert ratio <= GAIN_BOUND and after.ref_runtime_ms <= GAIN_BOUND * quiet.ref_runtime_ms, (
+    # what a slowed reference would give the next candidate: a speedup inflated by it (the honest kernel's own time
+    # moves with the box's noise, both ways, and is not what this is about)
+    assert after.ref_runtime_ms <= GAIN_BOUND * quiet.ref_runtime_ms, (
         f"NOT STOPPED: the honest kernel scored {after.speedup:.3g}x after the hang, {quiet.speedup:.3g}x on a quiet "
         f"evaluator (reference {after.ref_runtime_ms:.4g} ms against {quiet.ref_runtime_ms:.4g} ms)")
     ref = assert_reference_recorded(after, cfg)

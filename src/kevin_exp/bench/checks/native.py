@@ -597,15 +597,22 @@ def _check_kernel_present(spec: ExtensionSpec, backend: str, sources: list[tuple
 # The op guard's watch on other threads is a RecordFunction callback, switched off per thread by these (and the
 # thread-local state they live in): refused wherever they appear. Defence in depth: the watch is also verified
 # on every intra-op thread after each call (runtime_guard, build/op_watch.py).
-_OP_WATCH_NAMES = re.compile(
-    r"\w*RecordFunction\w*+|RECORD_(?:FUNCTION|USER_SCOPE|EDGE_SCOPE|OUTPUTS|TORCHSCRIPT)\w*+|\w*record_function\w*+|(?:add|remove|disable|reenable)\w*Callbacks?|"
-    r"clear\w*Callbacks|\w*CallbackHandle|ThreadLocalDebugInfo|DebugInfoGuard|\w*ThreadLocalState\w*+|"
-    r"\w*ObserverContext|RecordScope|\w*StepCallbacks\w*+")
+# names that change the profiler's record functions (substring tests, linear on any token)
+_OP_WATCH_PARTS = ("RecordFunction", "record_function", "ThreadLocalState", "StepCallbacks", "CallbackHandle",
+                   "ObserverContext")
+_OP_WATCH_PREFIXES = ("RECORD_FUNCTION", "RECORD_USER_SCOPE", "RECORD_EDGE_SCOPE", "RECORD_OUTPUTS", "RECORD_TORCHSCRIPT")
+_OP_WATCH_EXACT = frozenset({"ThreadLocalDebugInfo", "DebugInfoGuard", "RecordScope"})
+
+
+def _changes_op_watch(word: str) -> bool:
+    return (word in _OP_WATCH_EXACT or word.startswith(_OP_WATCH_PREFIXES) or any(p in word for p in _OP_WATCH_PARTS)
+            or (word.startswith(("add", "remove", "disable", "reenable")) and word.endswith(("Callback", "Callbacks")))
+            or (word.startswith("clear") and word.endswith("Callbacks")))
 
 
 def _check_op_watch_names(src: NativeSource, where: Callable[[int], tuple[str, str, int]],
                           add: Callable[..., None]) -> None:
     for i, word in enumerate(src.tokens):
-        if is_word(word) and _OP_WATCH_NAMES.fullmatch(word):
+        if is_word(word) and _changes_op_watch(word):
             add("native_library_compute", where(src.positions[i]), word, f"{word} changes the profiler's record "
                 f"functions, through which ATen ops on every thread are watched; {KERNEL_RULE}")
