@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from kevin_exp.config import TrainConfig, config_from_dict
-from kevin_exp.records import read_jsonl
+from kevin_exp.records.run_records import read_jsonl
 from kevin_exp.resources import RANK_PROCESS_GB, estimate, layout_of
 
 GIB = 2**30 / 1e9

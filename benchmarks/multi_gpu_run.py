@@ -239,7 +239,7 @@ def train_command(args: argparse.Namespace, world: int, run_dir: Path) -> list[s
 
 
 def run_training(args: argparse.Namespace, world: int, out: Path) -> dict:
-    from kevin_exp.records import read_jsonl
+    from kevin_exp.records.run_records import read_jsonl
     from kevin_exp.trainer.checkpoint import Checkpointer
 
     run_dir = out / f"run-w{world}"

@@ -198,7 +198,7 @@ def check_trainer_for_ranks(cfg: TrainConfig) -> None:
 
 def final_reward(run_dir: str | Path) -> float:
     """The last step's mean reward, the value a sweeper optimises (0 before any step)."""
-    from kevin_exp.records import read_jsonl
+    from kevin_exp.records.run_records import read_jsonl
 
     metrics = read_jsonl(Path(run_dir) / "metrics.jsonl")
     return float(metrics[-1]["reward_mean"]) if metrics else 0.0

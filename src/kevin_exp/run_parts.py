@@ -19,14 +19,14 @@ from kevin_exp.config import TrainConfig
 from kevin_exp.distributed import DistContext, context_from_env
 from kevin_exp.errors import UserError
 from kevin_exp.launch import joined_ranks
-from kevin_exp.metric_logger import MetricLogger, RecordsOnly, build_metric_logger
 from kevin_exp.models import Policy, chat_prompt_ids, load_policy
-from kevin_exp.records import RunRecords, run_id_for
+from kevin_exp.records.metric_logger import MetricLogger, RecordsOnly, build_metric_logger
+from kevin_exp.records.run_records import RunRecords, run_id_for
+from kevin_exp.records.transcripts import TranscriptWriter
 from kevin_exp.rollout.env import Environment
 from kevin_exp.rollout.generation import Generator, build_generator
 from kevin_exp.tasks import Problem
 from kevin_exp.trainer.setup import build_environment, load_task_pool, resolve_device
-from kevin_exp.transcripts import TranscriptWriter
 
 
 def seed_everything(seed: int) -> None:

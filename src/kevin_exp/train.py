@@ -19,7 +19,7 @@ from kevin_exp.errors import user_errors
 from kevin_exp.hydra_resolvers import register_resolvers
 from kevin_exp.job import job_settings
 from kevin_exp.preflight import launched_by_cluster, preflight
-from kevin_exp.summary import print_summary
+from kevin_exp.records.summary import print_summary
 from kevin_exp.trainer.loop import TrainingRun
 
 register_configs()

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from kevin_exp.records import TURN_FIELDS, read_jsonl
+from kevin_exp.records.run_records import TURN_FIELDS, read_jsonl
 from kevin_exp.trainer.loop import TrainingRun
 from tests.helpers import ScriptedGenerator, compose_train
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kevin_exp.config import ConfigError
-from kevin_exp.records import read_jsonl
+from kevin_exp.records.run_records import read_jsonl
 from kevin_exp.trainer.loop import TrainingRun
 from tests.helpers import compose_train
 

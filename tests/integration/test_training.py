@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kevin_exp.records import TURN_FIELDS, read_jsonl
-from kevin_exp.rows import MEASURED_COLUMNS
+from kevin_exp.records.rows import MEASURED_COLUMNS
+from kevin_exp.records.run_records import TURN_FIELDS, read_jsonl
 from kevin_exp.trainer.loop import TrainingRun
 from tests.helpers import FEW_TRIALS, ScriptedGenerator, compose_train
 
@@ -191,7 +191,7 @@ def _sweep(tmp_path: Path, *overrides: str, sizes: tuple[str, ...] = ("n_traject
 
 
 def test_a_sweep_file_runs_its_points_and_is_written_to_the_ledger(tmp_path):
-    from kevin_exp.ledger import ledger_entries
+    from kevin_exp.records.ledger import ledger_entries
 
     proc = _sweep(tmp_path, "sweep=serial_vs_parallel", sizes=())
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kevin_exp.distributed import context_from_env
 from kevin_exp.errors import EXIT_USER_ERROR, UserError, report
-from kevin_exp.records import JsonlWriter, git_state, read_jsonl
+from kevin_exp.records.run_records import JsonlWriter, git_state, read_jsonl
 
 SWEEP_FILE = "sweep.json"
 

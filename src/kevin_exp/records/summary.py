@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from kevin_exp.config import TrainConfig
-from kevin_exp.records import read_jsonl
+from kevin_exp.records.run_records import read_jsonl
 
 # models that write no compiling kernel at all: their reward stays 0 and there is nothing to learn from
 SMOKE_MODELS = ("tiny", "smollm2_135m")
