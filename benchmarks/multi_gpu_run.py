@@ -91,7 +91,7 @@ def fixed_batch(n: int, seq: int, prompt: int, vocab: int):
 def parity_rank(args: argparse.Namespace) -> None:
     import torch
 
-    from kevin_exp.distributed import context_from_env
+    from kevin_exp.launch.world import context_from_env
     from kevin_exp.models import load_policy
     from kevin_exp.trainer import collectives
     from kevin_exp.trainer.deepspeed_learner import DeepSpeedLearner

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from kevin_exp.config import TrainConfig
-from kevin_exp.distributed import DistContext, context_from_env
 from kevin_exp.errors import UserError
-from kevin_exp.launch import joined_ranks
+from kevin_exp.launch.ranks import joined_ranks
+from kevin_exp.launch.world import DistContext, context_from_env
 from kevin_exp.models import Policy, chat_prompt_ids, load_policy
 from kevin_exp.records.metric_logger import MetricLogger, RecordsOnly, build_metric_logger
 from kevin_exp.records.run_records import RunRecords, run_id_for

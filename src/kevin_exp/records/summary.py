@@ -71,7 +71,7 @@ def headline_lines(run_dir: Path, cfg: TrainConfig) -> list[str]:
 def print_summary(run_dir: Path, cfg: TrainConfig) -> float:
     """Prints the summary (rank 0 of a run of several ranks); returns the last step's mean reward (the value a
     Hydra sweeper would optimise)."""
-    from kevin_exp.distributed import context_from_env
+    from kevin_exp.launch.world import context_from_env
 
     if context_from_env().is_main:
         print("\n".join(summary_lines(run_dir) + headline_lines(run_dir, cfg)), flush=True)

@@ -84,7 +84,7 @@ def build_generator(cfg: TrainConfig, policy: Policy, tasks: list[Problem], kern
 
         return ScriptedGenerator(policy.tokenizer, tasks, kernel_backend, n_trajectories, ro.scripted_think_tokens)
     if ro.backend == "vllm":
-        from kevin_exp.distributed import context_from_env
+        from kevin_exp.launch.world import context_from_env
         from kevin_exp.rollout.vllm_engine import VLLMGenerator
 
         return VLLMGenerator(ro, cfg.model, policy, context_from_env(), cfg.seed, device, cfg.trainer.dist_timeout_s)

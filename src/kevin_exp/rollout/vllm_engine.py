@@ -30,7 +30,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from kevin_exp.config import ModelConfig, RolloutConfig
-from kevin_exp.distributed import DistContext, join_process_group
+from kevin_exp.launch.world import DistContext, join_process_group
 from kevin_exp.models import Policy
 from kevin_exp.rollout.generation import Generation
 

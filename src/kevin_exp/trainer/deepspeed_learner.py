@@ -34,7 +34,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from kevin_exp.config import AlgorithmConfig, TrainerConfig
-from kevin_exp.distributed import context_from_env, join_process_group
+from kevin_exp.launch.world import context_from_env, join_process_group
 from kevin_exp.models.loading import _enable_checkpointing as enable_checkpointing
 from kevin_exp.models.partial_checkpointing import limit_checkpointing
 from kevin_exp.rl.loss import clipped_policy_loss

@@ -33,8 +33,8 @@ from typing import Any, Callable
 import torch
 
 from kevin_exp.config import AlgorithmConfig, TrainConfig, world_size_problems
-from kevin_exp.distributed import context_from_env
 from kevin_exp.errors import UserError
+from kevin_exp.launch.world import context_from_env
 from kevin_exp.models.loading import Policy
 from kevin_exp.records.progress import Progress
 from kevin_exp.records.rows import metrics_row, scale_columns, training_settings, turn_row

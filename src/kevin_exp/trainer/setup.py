@@ -10,11 +10,11 @@ from typing import Iterator
 import torch
 
 from kevin_exp.config import TasksConfig, TrainConfig
-from kevin_exp.distributed import context_from_env
 from kevin_exp.errors import UserError
+from kevin_exp.launch.threads import thread_count
+from kevin_exp.launch.world import context_from_env
 from kevin_exp.tasks import Problem, load_builtin, load_kernelbench, select
 from kevin_exp.tasks.splits import apply_split
-from kevin_exp.threads import thread_count
 
 
 def resolve_device(name: str) -> torch.device:

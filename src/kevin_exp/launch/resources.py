@@ -2,7 +2,7 @@
 out with their sources in docs/scaling.md); a configuration that does not fit stops before anything runs (or is
 submitted), with the numbers and the fixes that would make it fit.
 
-    python -m kevin_exp.resources experiment=kevin_32b resources=h200x8 trainer.backend=deepspeed
+    python -m kevin_exp.launch.resources experiment=kevin_32b resources=h200x8 trainer.backend=deepspeed
 
 ``estimate(layout)`` is a pure function of a ``MemoryLayout`` (what the formulas read: model size and shape,
 trainer, sequence lengths, world size); ``layout_of(cfg)`` reads one from a run's config. Trainer settings of the
@@ -434,7 +434,7 @@ def layout_for(overrides: list[str]) -> tuple[MemoryLayout, TrainConfig]:
     """The layout ``python -m kevin_exp.train <overrides>`` would run with. Trainer settings the installed
     trainer schema does not know yet (the sharding trainer's) apply to the layout directly."""
     from kevin_exp.config import TrainerConfig
-    from kevin_exp.preflight import Composer
+    from kevin_exp.launch.preflight import Composer
 
     known = {f.name for f in dataclasses.fields(TrainerConfig)}
     backend_field = {f.name: f for f in dataclasses.fields(TrainerConfig)}["backend"]
@@ -463,7 +463,7 @@ def layout_for(overrides: list[str]) -> tuple[MemoryLayout, TrainConfig]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m kevin_exp.resources <train overrides>``: the estimate of one configuration, term by term."""
+    """``python -m kevin_exp.launch.resources <train overrides>``: the estimate of one configuration, term by term."""
     from kevin_exp.config import register_configs
     from kevin_exp.errors import user_errors
     from kevin_exp.hydra_resolvers import register_resolvers

@@ -11,8 +11,8 @@ from omegaconf import DictConfig, open_dict
 
 from kevin_exp.config import TrainConfig, to_typed
 from kevin_exp.errors import UserError
+from kevin_exp.launch.resources import ResourceError, check_resources
 from kevin_exp.models.loading import ModelConfigError, check_model_path
-from kevin_exp.resources import ResourceError, check_resources
 
 
 class LaunchError(UserError):

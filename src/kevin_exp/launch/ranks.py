@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from kevin_exp.config import TrainConfig, world_size_problems
-from kevin_exp.distributed import SELF_WORLD_ENV, DistContext, context_from_env, forget_inherited_world, init_process_group
 from kevin_exp.errors import UserError
+from kevin_exp.launch.world import SELF_WORLD_ENV, DistContext, context_from_env, forget_inherited_world, init_process_group
 
 _joined: list[dict[str, Any]] = []
 # set by spawn_local_ranks for the ranks it starts: the pid of the process that started them
