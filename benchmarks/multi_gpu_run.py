@@ -93,10 +93,10 @@ def parity_rank(args: argparse.Namespace) -> None:
 
     from kevin_exp.launch.world import context_from_env
     from kevin_exp.models import load_policy
+    from kevin_exp.run.throughput import device_peak_flops, gpu_peak_gb, mfu, reset_gpu_peak
     from kevin_exp.trainer import collectives
     from kevin_exp.trainer.deepspeed_learner import DeepSpeedLearner
     from kevin_exp.trainer.learner import TrainBatch
-    from kevin_exp.trainer.throughput import device_peak_flops, gpu_peak_gb, mfu, reset_gpu_peak
 
     ctx = context_from_env()
     cuda = torch.cuda.is_available() and not args.smoke

@@ -20,7 +20,7 @@ from kevin_exp.launch import ranks
 from kevin_exp.launch.job import job_settings
 from kevin_exp.launch.preflight import launched_by_cluster, preflight
 from kevin_exp.records.summary import print_summary
-from kevin_exp.trainer.loop import TrainingRun
+from kevin_exp.run.training import TrainingRun
 
 register_configs()
 register_resolvers()

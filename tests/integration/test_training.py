@@ -13,7 +13,7 @@ import pytest
 
 from kevin_exp.records.rows import MEASURED_COLUMNS
 from kevin_exp.records.run_records import TURN_FIELDS, read_jsonl
-from kevin_exp.trainer.loop import TrainingRun
+from kevin_exp.run.training import TrainingRun
 from tests.helpers import FEW_TRIALS, ScriptedGenerator, compose_train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,7 +155,7 @@ def test_a_killed_run_resumes_and_writes_the_same_rows_as_an_uninterrupted_one(t
 
 
 def test_resume_never_refuses_a_run_dir_that_holds_records(tmp_path):
-    from kevin_exp.trainer.loop import RunDirInUse
+    from kevin_exp.run.training import RunDirInUse
 
     run = _run(SYNTHETIC + ["steps=1", "n_trajectories=2", "n_turns=1", "rollout.max_new_tokens=4"], tmp_path)
     run.fit()

@@ -121,7 +121,7 @@ def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True) ->
     GPU) enough memory. Raises a UserError naming the setting and the fix."""
     from kevin_exp.launch.resources import check_resources, uses_gpu
     from kevin_exp.models.loading import check_model_path
-    from kevin_exp.trainer.setup import load_task_pool
+    from kevin_exp.run.setup import load_task_pool
 
     load_task_pool(cfg.tasks)
     check_model_path(cfg.model)

@@ -142,7 +142,7 @@ def join_run(cfg: TrainConfig, ctx: DistContext | None = None) -> DistContext:
         return ctx
     cuda = uses_cuda(cfg)
     if cuda:
-        from kevin_exp.trainer.setup import resolve_device
+        from kevin_exp.run.setup import resolve_device
 
         device = resolve_device(cfg.trainer.device)  # the trainer's choice of this rank's GPU
         torch.cuda.set_device(device)

@@ -86,7 +86,7 @@ def scale_columns(world_size: int, train_tokens: float, train_s: float, gpu_mem_
     """The step's scale and throughput (``metrics.jsonl``): ranks, peak GPU memory and host RSS (the max over
     ranks; GPU 0 on a CPU), the tokens the learner trained on (prompt + response of the samples run, times the
     epochs, all ranks) and their rate over the training phase, and the MFU estimate (null on a CPU or an
-    unknown GPU; kevin_exp/trainer/throughput.py)."""
+    unknown GPU; kevin_exp/run/throughput.py)."""
     return {"world_size": world_size, "gpu_mem_peak_gb": gpu_mem_peak_gb, "host_rss_peak_gb": host_rss_peak_gb,
             "train_tokens": int(train_tokens), "train_tokens_per_s": train_tokens / train_s if train_s > 0 else None,
             "mfu": mfu}

@@ -1,6 +1,6 @@
 """The policy update under DeepSpeed ZeRO (stage 2 or 3) over every rank of the run.
 
-Each rank holds its own share of the step's samples (whole task groups: see ``trainer/loop.py``). The update
+Each rank holds its own share of the step's samples (whole task groups: see ``run/training.py``). The update
 is the single-process one (``TorchLearner``) computed over the union of the ranks' samples:
 
 - Gradient steps: the same seeded mini-batch split, drawn over the whole step (``batching.minibatch_plan``).

@@ -42,13 +42,13 @@ from kevin_exp.records.transcripts import transcript_rows
 from kevin_exp.rl.credit import turn_credit
 from kevin_exp.rollout.generation import build_generator
 from kevin_exp.rollout.loop import RolloutSettings, RolloutTimes, TurnSample, run_rollout
-from kevin_exp.run_parts import RunFolder, build_logger, build_policy_parts
+from kevin_exp.run.parts import RunFolder, build_logger, build_policy_parts
+from kevin_exp.run.signals import signals_held
+from kevin_exp.run.throughput import device_peak_flops, gpu_peak_gb, host_rss_peak_gb, mfu, reset_gpu_peak
 from kevin_exp.tasks import Problem
 from kevin_exp.trainer import collectives
 from kevin_exp.trainer.checkpoint import Checkpointer, saved_world_size
 from kevin_exp.trainer.learner import LearnerSample, TrainBatch, build_learner
-from kevin_exp.trainer.signals import signals_held
-from kevin_exp.trainer.throughput import device_peak_flops, gpu_peak_gb, host_rss_peak_gb, mfu, reset_gpu_peak
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from kevin_exp.records.rows import training_settings, turn_row
 from kevin_exp.records.run_records import read_jsonl
 from kevin_exp.records.transcripts import transcript_rows
 from kevin_exp.rollout.loop import run_rollout
-from kevin_exp.run_parts import RunFolder, build_logger, build_policy_parts
+from kevin_exp.run.parts import RunFolder, build_logger, build_policy_parts
+from kevin_exp.run.training import assign_credit, rollout_settings, step_seed
 from kevin_exp.tasks import Problem
 from kevin_exp.trainer.checkpoint import checkpoint_step, find_checkpoint, load_policy_weights
-from kevin_exp.trainer.loop import assign_credit, rollout_settings, step_seed
 
 log = logging.getLogger(__name__)
 

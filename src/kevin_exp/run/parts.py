@@ -25,8 +25,8 @@ from kevin_exp.records.run_records import RunRecords, run_id_for
 from kevin_exp.records.transcripts import TranscriptWriter
 from kevin_exp.rollout.env import Environment
 from kevin_exp.rollout.generation import Generator, build_generator
+from kevin_exp.run.setup import build_environment, load_task_pool, resolve_device
 from kevin_exp.tasks import Problem
-from kevin_exp.trainer.setup import build_environment, load_task_pool, resolve_device
 
 
 def seed_everything(seed: int) -> None:
