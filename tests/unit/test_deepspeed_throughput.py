@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kevin_exp.run.step import rank_share
 from kevin_exp.run.throughput import device_peak_flops, mfu, peak_flops
-from kevin_exp.run.training import rank_share
 from kevin_exp.trainer.batching import minibatch_plan, token_micro_batches
 
 

@@ -205,7 +205,7 @@ def test_the_entry_point_refuses_before_any_step_runs(tmp_path):
 
 
 def test_the_estimate_command_prints_each_term_and_the_fixes():
-    proc = subprocess.run([sys.executable, "-m", "kevin_exp.launch.resources", "experiment=kevin_32b", "resources=h200x8",
+    proc = subprocess.run([sys.executable, "-m", "kevin_exp.launch.memory_report", "experiment=kevin_32b", "resources=h200x8",
                            "trainer.offload_optimizer=none"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -11,7 +11,8 @@ from hydra.core.utils import JobReturn, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig, open_dict
 
-from kevin_exp.launch.slurm_checks import LaunchError, check_cluster_reachable, check_points, job_config
+from kevin_exp.errors import LaunchError
+from kevin_exp.launch.slurm_checks import check_cluster_reachable, check_points, job_config
 
 if TYPE_CHECKING:
     import submitit

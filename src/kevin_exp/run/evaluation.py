@@ -26,8 +26,9 @@ from kevin_exp.records.rows import training_settings, turn_row
 from kevin_exp.records.run_records import read_jsonl
 from kevin_exp.records.transcripts import transcript_rows
 from kevin_exp.rollout.loop import run_rollout
-from kevin_exp.run.parts import RunFolder, build_logger, build_policy_parts
-from kevin_exp.run.training import assign_credit, rollout_settings, step_seed
+from kevin_exp.run.folder import RunFolder
+from kevin_exp.run.parts import build_logger, build_policy_parts
+from kevin_exp.run.step import assign_credit, rollout_settings, step_seed
 from kevin_exp.tasks import Problem
 from kevin_exp.trainer.checkpoint import checkpoint_step, find_checkpoint, load_policy_weights
 
@@ -138,6 +139,7 @@ class EvaluationRun:
 
 def eval_summary_lines(run_dir: Path) -> list[str]:
     """Kevin's headline numbers for this evaluation (analysis/ablation_table.py gives the full tables)."""
+    # lazy: pandas and the analysis library serve only this closing summary, not the evaluation's start
     import pandas as pd
 
     from kevin_exp.analysis import task_scores, trajectory_scores

@@ -41,7 +41,7 @@ from kevin_exp.rl.loss import clipped_policy_loss
 from kevin_exp.trainer import collectives
 from kevin_exp.trainer.batching import minibatch_plan, token_micro_batches
 from kevin_exp.trainer.ds_config import run_deepspeed_config
-from kevin_exp.trainer.learner import LearnerSample, TrainBatch, UpdateStats, _scatter, warmup_lambda
+from kevin_exp.trainer.learner import LearnerSample, TrainBatch, UpdateStats, scatter_rows, warmup_lambda
 from kevin_exp.trainer.logprobs import chunk_count, pack, response_logprobs
 
 DS_CONFIG_FILE = "deepspeed_config.json"
@@ -194,7 +194,7 @@ class DeepSpeedLearner:
         logp, entropy = self._score(batch, with_entropy=True)
         mask = batch.mask
         adv = torch.tensor([samples[i].advantage for i in micro], dtype=torch.float32, device=self.device)
-        res = clipped_policy_loss(logp, _scatter(old, micro, mask), adv, mask, self.algo.normalization,
+        res = clipped_policy_loss(logp, scatter_rows(old, micro, mask), adv, mask, self.algo.normalization,
                                   self.max_new_tokens, self.algo.clip_low, self.algo.clip_high,
                                   total_sequences=n_sequences, total_tokens=n_tokens)
         m = mask.bool()
