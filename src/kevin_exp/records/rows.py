@@ -15,10 +15,6 @@ from kevin_exp.rollout.loop import RolloutTimes, TurnSample
 MEASURED_COLUMNS = ("generate_s", "evaluate_s", "evaluate_wait_s", "train_s", "step_s", "gpu_mem_peak_gb",
                     "host_rss_peak_gb", "train_tokens_per_s", "mfu", "ranks")
 
-SETTING_COLUMNS = ("gamma", "n_turns", "n_trajectories", "tasks_per_step", "normalization", "aggregation",
-                   "estimator", "model", "seed", "experiment", "sweep_name")
-
-
 def training_settings(cfg: TrainConfig) -> dict[str, Any]:
     """The settings that define a trained policy, under the column names the analysis groups by."""
     return {"gamma": cfg.gamma, "n_turns": cfg.n_turns, "n_trajectories": cfg.n_trajectories,

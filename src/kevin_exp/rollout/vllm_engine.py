@@ -34,9 +34,6 @@ from kevin_exp.launch.world import DistContext, join_process_group
 from kevin_exp.models import Policy
 from kevin_exp.rollout.generation import Generation
 
-# transitions, in lifecycle order (the names of their metrics columns)
-TRANSITIONS = ("wake_weights", "push_weights", "wake_kv", "free_kv", "sleep")
-
 
 def engine_seed(run_seed: int, rank: int) -> int:
     """Each rank's engine draws its own random stream."""
