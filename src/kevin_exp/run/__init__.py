@@ -27,6 +27,7 @@ last checkpoint. Then each step, in order:
 The run ends with its summary (``records.summary``).
 
 An evaluation run (``evaluation.EvaluationRun``) builds the same parts (``parts``, ``folder``), loads a
-checkpoint's weights (``trainer.checkpoint``) and runs steps 2-4, in one process, on fixed batches of held-out tasks (``step``
-gives their seeds and credit), with no update and no checkpoint; its summary reads the rows with ``analysis``.
+checkpoint's weights (``trainer.checkpoint``) and runs steps 2-4, in one process, on fixed batches of held-out
+tasks (``step`` gives their seeds and credit), with no update and no checkpoint; its summary reads the rows with
+``analysis``.
 """
