@@ -7,7 +7,7 @@ used) beside the peaks its steps measured (``metrics.jsonl``: ``gpu_mem_peak_gb`
 allocated GPU memory, and ``host_rss_peak_gb``, one rank's peak resident memory, each the max over ranks and
 steps). The measured GPU peak excludes the CUDA context and NCCL (they are not allocations) and the rollout's KV
 cache (it is freed before training), so it is set against states + buffers + the training phase. GiB are
-converted to GB. Run it on GPU runs of the paper's configs to correct the constants in kevin_exp/resources.py.
+converted to GB. Run it on GPU runs of the paper's configs to correct the constants in kevin_exp/launch/resources.py.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 
 from kevin_exp.config import TrainConfig, config_from_dict
-from kevin_exp.records import read_jsonl
-from kevin_exp.resources import RANK_PROCESS_GB, estimate, layout_of
+from kevin_exp.launch.resources import RANK_PROCESS_GB, estimate, layout_of
+from kevin_exp.records.run_records import read_jsonl
 
 GIB = 2**30 / 1e9
 

@@ -91,12 +91,12 @@ def fixed_batch(n: int, seq: int, prompt: int, vocab: int):
 def parity_rank(args: argparse.Namespace) -> None:
     import torch
 
-    from kevin_exp.distributed import context_from_env
+    from kevin_exp.launch.world import context_from_env
     from kevin_exp.models import load_policy
+    from kevin_exp.run.throughput import device_peak_flops, gpu_peak_gb, mfu, reset_gpu_peak
     from kevin_exp.trainer import collectives
     from kevin_exp.trainer.deepspeed_learner import DeepSpeedLearner
     from kevin_exp.trainer.learner import TrainBatch
-    from kevin_exp.trainer.throughput import device_peak_flops, gpu_peak_gb, mfu, reset_gpu_peak
 
     ctx = context_from_env()
     cuda = torch.cuda.is_available() and not args.smoke
@@ -239,7 +239,7 @@ def train_command(args: argparse.Namespace, world: int, run_dir: Path) -> list[s
 
 
 def run_training(args: argparse.Namespace, world: int, out: Path) -> dict:
-    from kevin_exp.records import read_jsonl
+    from kevin_exp.records.run_records import read_jsonl
     from kevin_exp.trainer.checkpoint import Checkpointer
 
     run_dir = out / f"run-w{world}"

@@ -19,7 +19,7 @@ only that configuration, it measures:
   parameters written back) minus one forward+backward,
 - a whole gradient step of ``--step-tokens`` tokens: accumulated micro-batches plus the optimizer step,
 and reports tokens/s, MFU = 6 x parameters x tokens / time / 989e12 (H100 SXM / H200 dense bf16 peak; the
-table in kevin_exp/trainer/throughput.py names others), GPU memory and the host's peak RSS.
+table in kevin_exp/run/throughput.py names others), GPU memory and the host's peak RSS.
 GPU memory: ``gpu_resident_gb`` is what is allocated before the timed micro-batches (parameters, gradients and,
 without offload, optimizer states); the peak statistics are reset there, so ``gpu_peak_gb`` / ``gpu_peak_reserved_gb``
 are the forward+backward micro-batches' own peaks (allocated / held by the allocator), and

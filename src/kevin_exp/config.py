@@ -552,7 +552,7 @@ class ResourcesConfig:
     # the number of CPU ranks (gloo). The YAML default is gpus_per_node (1 without GPUs)
     ranks_per_node: int = number(1, ge=1)
     # cores of one rank (SLURM's cpus_per_task): its torch/OpenMP threads and its evaluator's compile and run
-    # workers, at most the cores it may use shared with the node's other ranks (kevin_exp/threads.py)
+    # workers, at most the cores it may use shared with the node's other ranks (kevin_exp/launch/threads.py)
     cpus_per_task: int = number(16, ge=1)
     # host memory of one node (all its ranks)
     mem_gb: int = number(128, ge=1)
@@ -636,7 +636,7 @@ class TrainConfig:
                 and not self.model.gradient_checkpointing):
             problems.append(f"trainer.checkpoint_layers={self.trainer.checkpoint_layers}: a share of the checkpointed "
                             "layers, but model.gradient_checkpointing=false; turn it on or leave checkpoint_layers=1")
-        from kevin_exp.distributed import context_from_env
+        from kevin_exp.launch.world import context_from_env
 
         problems += world_size_problems(self, context_from_env().world_size)
         return problems

@@ -22,6 +22,10 @@ class UserError(Exception):
     """A mistake the user can fix; the message names what is wrong and the fix."""
 
 
+class LaunchError(UserError):
+    """A launch that cannot go as asked: its ranks (``launch/ranks.py``) or its cluster (``launch/slurm_checks.py``)."""
+
+
 def one_line(message: str) -> str:
     return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 

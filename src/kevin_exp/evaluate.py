@@ -14,10 +14,10 @@ from omegaconf import DictConfig
 
 from kevin_exp.config import hydra_overrides, register_configs
 from kevin_exp.errors import user_errors
-from kevin_exp.eval_loop import EvaluationRun, eval_summary_lines
 from kevin_exp.hydra_resolvers import register_resolvers
-from kevin_exp.job import job_settings, model_chosen
-from kevin_exp.preflight import preflight
+from kevin_exp.launch.job import job_settings, model_chosen
+from kevin_exp.launch.preflight import preflight
+from kevin_exp.run.evaluation import EvaluationRun, eval_summary_lines
 
 register_configs()
 register_resolvers()

@@ -3,7 +3,7 @@
 Each turn shows its verdict (status, correct, speedup, score), the model's response (the middle of a long
 one elided unless ``--full``), the kernel extracted from it and the feedback the evaluator gave. ``--list``
 prints the step's tasks x trajectories with each turn's status, to pick one. Reads
-``RUN_DIR/transcripts/`` (``kevin_exp.transcripts``); plain text, fit for a pager or a pipe.
+``RUN_DIR/transcripts/`` (``kevin_exp.records.transcripts``); plain text, fit for a pager or a pipe.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from kevin_exp.errors import UserError, exits_on_user_error
-from kevin_exp.transcripts import SPLITS, read_transcripts, transcript_path, transcript_steps, transcripts_dir
+from kevin_exp.records.transcripts import SPLITS, read_transcripts, transcript_path, transcript_steps, transcripts_dir
 
 PROG = "python -m kevin_exp.show"
 HEAD_LINES, TAIL_LINES = 30, 30

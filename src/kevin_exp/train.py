@@ -3,7 +3,7 @@
     python -m kevin_exp.train                               # the embedded default (SmolLM2, built-in tasks)
     python -m kevin_exp.train -m gamma=0.0,0.4,1.0          # three runs, Hydra's local launcher
     python -m kevin_exp.train experiment=cpu_smoke          # tiny model, cpu backend
-    python -m kevin_exp.train experiment=kevin_32b resources=h200x8   # 8 ranks, one per GPU (kevin_exp/launch.py)
+    python -m kevin_exp.train experiment=kevin_32b resources=h200x8   # 8 ranks, one per GPU (kevin_exp/launch/ranks.py)
     torchrun --nproc_per_node 8 -m kevin_exp.train ...      # the same ranks, started by torchrun
 """
 from __future__ import annotations
@@ -13,14 +13,14 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from kevin_exp import launch
 from kevin_exp.config import hydra_overrides, register_configs
 from kevin_exp.errors import user_errors
 from kevin_exp.hydra_resolvers import register_resolvers
-from kevin_exp.job import job_settings
-from kevin_exp.preflight import launched_by_cluster, preflight
-from kevin_exp.summary import print_summary
-from kevin_exp.trainer.loop import TrainingRun
+from kevin_exp.launch import ranks
+from kevin_exp.launch.job import job_settings
+from kevin_exp.launch.preflight import launched_by_cluster, preflight
+from kevin_exp.records.summary import print_summary
+from kevin_exp.run.training import TrainingRun
 
 register_configs()
 register_resolvers()
@@ -30,18 +30,18 @@ register_resolvers()
 def run(cfg: DictConfig) -> float:
     with user_errors():
         job = job_settings(cfg, entry="train")
-        if launch.wants_local_spawn(job.cfg, cluster_launch=launched_by_cluster()):
+        if ranks.wants_local_spawn(job.cfg, cluster_launch=launched_by_cluster()):
             # this job only starts the run's ranks on this machine and waits: each is this same job
-            launch.spawn_local_ranks(job.cfg, hydra_overrides(), job.cfg.run_dir)
-            return launch.final_reward(job.cfg.run_dir)
-        launch.join_run(job.cfg)
+            ranks.spawn_local_ranks(job.cfg, hydra_overrides(), job.cfg.run_dir)
+            return ranks.final_reward(job.cfg.run_dir)
+        ranks.join_run(job.cfg)
     try:
         with user_errors():
             training = TrainingRun(job.cfg, sweep=job.sweep)
             training.setup()
         training.fit()
     finally:
-        launch.leave_run()
+        ranks.leave_run()
     return print_summary(training.run_dir, job.cfg)
 
 

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from kevin_exp.records import TURN_FIELDS, read_jsonl
-from kevin_exp.trainer.loop import TrainingRun
+from kevin_exp.records.run_records import TURN_FIELDS, read_jsonl
+from kevin_exp.run.training import TrainingRun
 from tests.helpers import ScriptedGenerator, compose_train
 
 pytestmark = pytest.mark.gpu

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kevin_exp.trainer.loop import TrainingRun
+from kevin_exp.run.training import TrainingRun
 from tests.helpers import compose_train
 
 

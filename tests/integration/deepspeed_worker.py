@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from kevin_exp.config import AlgorithmConfig, ModelConfig, TrainerConfig
-from kevin_exp.distributed import context_from_env
+from kevin_exp.launch.world import context_from_env
 from kevin_exp.models import load_policy
 from kevin_exp.trainer.checkpoint import Checkpointer, saved_world_size
 from kevin_exp.trainer.deepspeed_learner import DeepSpeedLearner

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from kevin_exp.config import ConfigError
-from kevin_exp.records import read_jsonl
-from kevin_exp.trainer.loop import TrainingRun
+from kevin_exp.records.run_records import read_jsonl
+from kevin_exp.run.training import TrainingRun
 from tests.helpers import compose_train
 
 # one generate() call per step: 2 tasks x 4 trajectories x 1 turn in one batch

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from kevin_exp.records import read_jsonl
+from kevin_exp.records.run_records import read_jsonl
 from kevin_exp.trainer.checkpoint import find_checkpoint
 from tests.integration.deepspeed_ranks import REPO, free_port
 

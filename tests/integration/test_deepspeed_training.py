@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kevin_exp.records import read_jsonl
-from kevin_exp.rows import MEASURED_COLUMNS
+from kevin_exp.records.rows import MEASURED_COLUMNS
+from kevin_exp.records.run_records import read_jsonl
 from kevin_exp.trainer.checkpoint import POLICY_FILE, find_checkpoint, load_policy_weights
 from tests.integration.deepspeed_ranks import run_ranks, start_ranks
 

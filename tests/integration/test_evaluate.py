@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kevin_exp.eval_loop import CheckpointError, EvaluationRun
 from kevin_exp.models import load_policy
-from kevin_exp.records import read_jsonl
+from kevin_exp.records.run_records import read_jsonl
+from kevin_exp.records.transcripts import read_transcripts
+from kevin_exp.run.evaluation import CheckpointError, EvaluationRun
 from kevin_exp.trainer.checkpoint import load_policy_weights
-from kevin_exp.transcripts import read_transcripts
 from tests.helpers import compose_train
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from kevin_exp.config import ResourcesConfig
-from kevin_exp.records import read_jsonl
-from kevin_exp.threads import local_ranks_sharing_cores, thread_count, usable_cores
+from kevin_exp.launch.threads import local_ranks_sharing_cores, thread_count, usable_cores
+from kevin_exp.records.run_records import read_jsonl
 from tests.helpers import FEW_TRIALS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kevin_exp.errors import UserError
-from kevin_exp.run_parts import RunFolder
+from kevin_exp.run.folder import RunFolder
 from tests.integration.test_multirank_launch import REPO, SMOKE
 
 
@@ -59,7 +59,7 @@ def test_ranks_started_by_the_entry_point_end_when_it_is_killed_outright(tmp_pat
 
 def test_a_second_writer_of_a_run_folder_is_refused_while_the_first_lives(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom kevin_exp.run_parts import RunFolder\n"
+        [sys.executable, "-c", "import sys, time\nfrom kevin_exp.run.folder import RunFolder\n"
          "RunFolder.at(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(120)", str(tmp_path)],
         stdout=subprocess.PIPE, text=True)
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kevin_exp.records import read_jsonl
+from kevin_exp.records.run_records import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["model=tiny", "rollout.env=synthetic", "logger.progress=none", "n_trajectories=2",

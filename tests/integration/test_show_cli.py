@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kevin_exp.transcripts import TranscriptWriter, transcript_rows
+from kevin_exp.records.transcripts import TranscriptWriter, transcript_rows
 from tests.unit.test_transcripts import realistic_samples
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kevin_exp.records import TURN_FIELDS, read_jsonl
-from kevin_exp.rows import MEASURED_COLUMNS
-from kevin_exp.trainer.loop import TrainingRun
+from kevin_exp.records.rows import MEASURED_COLUMNS
+from kevin_exp.records.run_records import TURN_FIELDS, read_jsonl
+from kevin_exp.run.training import TrainingRun
 from tests.helpers import FEW_TRIALS, ScriptedGenerator, compose_train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,7 +155,7 @@ def test_a_killed_run_resumes_and_writes_the_same_rows_as_an_uninterrupted_one(t
 
 
 def test_resume_never_refuses_a_run_dir_that_holds_records(tmp_path):
-    from kevin_exp.trainer.loop import RunDirInUse
+    from kevin_exp.run.training import RunDirInUse
 
     run = _run(SYNTHETIC + ["steps=1", "n_trajectories=2", "n_turns=1", "rollout.max_new_tokens=4"], tmp_path)
     run.fit()
@@ -191,7 +191,7 @@ def _sweep(tmp_path: Path, *overrides: str, sizes: tuple[str, ...] = ("n_traject
 
 
 def test_a_sweep_file_runs_its_points_and_is_written_to_the_ledger(tmp_path):
-    from kevin_exp.ledger import ledger_entries
+    from kevin_exp.records.ledger import ledger_entries
 
     proc = _sweep(tmp_path, "sweep=serial_vs_parallel", sizes=())
     assert proc.returncode == 0, proc.stderr[-3000:]

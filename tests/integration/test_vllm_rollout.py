@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kevin_exp.records import read_jsonl
+from kevin_exp.records.run_records import read_jsonl
 from tests.integration.deepspeed_ranks import REPO, run_ranks
 
 DOUBLE = REPO / "tests" / "vllm_double"

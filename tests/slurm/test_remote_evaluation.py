@@ -11,8 +11,8 @@ import time
 import pytest
 
 from kevin_exp.bench.evaluator import EvalItem
-from kevin_exp.records import read_jsonl
-from kevin_exp.trainer.loop import TrainingRun
+from kevin_exp.records.run_records import read_jsonl
+from kevin_exp.run.training import TrainingRun
 from tests.conftest import fixture_text
 from tests.helpers import FEW_TRIALS, compose_train
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kevin_exp.records import read_jsonl
+from kevin_exp.records.run_records import read_jsonl
 from tests.helpers import FEW_TRIALS
 from tests.slurm.test_slurm_sweeps import SYNTHETIC, _expected_steps, _run_dirs, _sacct_states, _slurm_job_ids
 

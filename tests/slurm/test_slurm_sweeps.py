@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kevin_exp.records import read_jsonl
-from kevin_exp.rows import MEASURED_COLUMNS
+from kevin_exp.records.rows import MEASURED_COLUMNS
+from kevin_exp.records.run_records import read_jsonl
 from tests.helpers import FEW_TRIALS
 
 pytestmark = pytest.mark.slurm

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kevin_exp.run.step import rank_share
+from kevin_exp.run.throughput import device_peak_flops, mfu, peak_flops
 from kevin_exp.trainer.batching import minibatch_plan, token_micro_batches
-from kevin_exp.trainer.loop import rank_share
-from kevin_exp.trainer.throughput import device_peak_flops, mfu, peak_flops
 
 
 @pytest.mark.parametrize("name,flops", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),

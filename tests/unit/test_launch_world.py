@@ -11,8 +11,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PROBE = """
 import json, torch
-from kevin_exp.distributed import context_from_env, join_process_group
-from kevin_exp.launch import launched_ranks
+from kevin_exp.launch.world import context_from_env, join_process_group
+from kevin_exp.launch.ranks import launched_ranks
 before = launched_ranks()
 join_process_group(context_from_env(), torch.device("cpu"), 60)
 print(json.dumps({"before": before, "after": launched_ranks(), "world": torch.distributed.get_world_size()}))
@@ -38,9 +38,9 @@ def test_ranks_a_launcher_set_are_its():
 
 CHILDREN = """
 import json, os, subprocess, sys, torch
-from kevin_exp.distributed import context_from_env, join_process_group
+from kevin_exp.launch.world import context_from_env, join_process_group
 join_process_group(context_from_env(), torch.device("cpu"), 60)
-child = "from kevin_exp.launch import launched_ranks; import os, json; print(json.dumps([launched_ranks(), 'RANK' in os.environ]))"
+child = "from kevin_exp.launch.ranks import launched_ranks; import os, json; print(json.dumps([launched_ranks(), 'RANK' in os.environ]))"
 inherited = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout
 relaunched = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                             env={**os.environ, "RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "29544"}).stdout

@@ -78,7 +78,7 @@ def test_out_of_range_and_without_checkpointing_are_refused():
 
 
 def test_the_memory_estimate_counts_the_layers_left_out():
-    from kevin_exp.resources import MemoryLayout, _activation_bytes
+    from kevin_exp.launch.resources import MemoryLayout, _activation_bytes
 
     x = MemoryLayout(model="m", params_b=3.0, layers=36, hidden=2048, intermediate=11008, vocab=151936, kv_dim=256,
                      dtype="bfloat16", backend="deepspeed", micro_batch_tokens=4096)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kevin_exp.resources import (
+from kevin_exp.launch.resources import (
     CUDA_CONTEXT_GB,
     NCCL_GB,
     RANK_PROCESS_GB,
@@ -121,7 +121,7 @@ def test_peak_is_the_states_plus_the_larger_phase_plus_cuda_and_nccl():
 
 
 def test_the_vllm_engine_share_comes_from_its_settings(vllm_double):
-    from kevin_exp.resources import VLLM_RUNTIME_GB, layout_of
+    from kevin_exp.launch.resources import VLLM_RUNTIME_GB, layout_of
 
     base = ["experiment=kevin_7b", "resources=h100x8", KB]
     hf = layout_of(compose_train(base))
@@ -205,7 +205,7 @@ def test_the_entry_point_refuses_before_any_step_runs(tmp_path):
 
 
 def test_the_estimate_command_prints_each_term_and_the_fixes():
-    proc = subprocess.run([sys.executable, "-m", "kevin_exp.resources", "experiment=kevin_32b", "resources=h200x8",
+    proc = subprocess.run([sys.executable, "-m", "kevin_exp.launch.memory_report", "experiment=kevin_32b", "resources=h200x8",
                            "trainer.offload_optimizer=none"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

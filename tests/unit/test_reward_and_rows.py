@@ -6,11 +6,11 @@ import pytest
 
 from kevin_exp.bench.config import BenchConfig
 from kevin_exp.config import EvaluatorConfig
+from kevin_exp.records.rows import metrics_row, turn_row
 from kevin_exp.rl.reward import turn_score
 from kevin_exp.rollout.env import TurnResult
 from kevin_exp.rollout.loop import RolloutTimes, TurnSample
 from kevin_exp.rollout.prompts import Attempt
-from kevin_exp.rows import metrics_row, turn_row
 from kevin_exp.tasks import load_builtin
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import signal
 
-from kevin_exp.trainer.signals import signals_held
+from kevin_exp.run.signals import signals_held
 
 
 def test_a_signal_during_the_held_section_reaches_the_handler_after_it():

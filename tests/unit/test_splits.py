@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from kevin_exp.config import TasksConfig
+from kevin_exp.run.setup import TaskPoolError, load_task_pool
 from kevin_exp.tasks.splits import holdout_rule, kevin_holdout_ids
-from kevin_exp.trainer.setup import TaskPoolError, load_task_pool
 
 PROGRAM = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
 

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from kevin_exp.threads import THREAD_ENV_VARS
+from kevin_exp.launch.threads import THREAD_ENV_VARS
 
 PROBE = """
 import json, os, sys
 import torch
 from kevin_exp.config import ResourcesConfig
-from kevin_exp.threads import THREAD_ENV_VARS, apply_thread_limits
+from kevin_exp.launch.threads import THREAD_ENV_VARS, apply_thread_limits
 
 cores = json.loads(sys.argv[2])
 if cores:
@@ -54,8 +54,8 @@ def test_the_count_never_exceeds_the_cores_the_process_may_use():
 
 
 def test_the_share_is_cpus_per_task_capped_by_the_usable_cores(monkeypatch):
-    from kevin_exp import threads
     from kevin_exp.config import ResourcesConfig
+    from kevin_exp.launch import threads
 
     monkeypatch.setattr(threads, "usable_cores", lambda: 4)
     assert [threads.thread_count(ResourcesConfig(cpus_per_task=n)) for n in (0, 1, 3, 16)] == [1, 1, 3, 4]

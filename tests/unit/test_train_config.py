@@ -111,7 +111,7 @@ def test_the_run_directory_comes_from_the_overrides_not_the_clock():
 
 def test_a_kernelbench_run_without_its_folder_fails_naming_the_key(tmp_path):
     from kevin_exp.config import ConfigError
-    from kevin_exp.trainer.setup import TaskPoolError, load_task_pool
+    from kevin_exp.run.setup import TaskPoolError, load_task_pool
 
     with pytest.raises(ConfigError, match="tasks.kernelbench_path=null: tasks=kernelbench needs"):
         compose_train(["experiment=kevin_32b"])

@@ -14,12 +14,7 @@ import random
 import subprocess
 from pathlib import Path
 
-from kevin_exp.rollout.env import TurnResult
-from kevin_exp.rollout.loop import TurnSample
-from kevin_exp.rollout.parsing import parse_response
-from kevin_exp.rollout.prompts import Attempt, feedback_text
-from kevin_exp.tasks import load_builtin
-from kevin_exp.transcripts import (
+from kevin_exp.records.transcripts import (
     TranscriptWriter,
     encode_rows,
     read_transcripts,
@@ -27,6 +22,11 @@ from kevin_exp.transcripts import (
     transcript_rows,
     transcript_steps,
 )
+from kevin_exp.rollout.env import TurnResult
+from kevin_exp.rollout.loop import TurnSample
+from kevin_exp.rollout.parsing import parse_response
+from kevin_exp.rollout.prompts import Attempt, feedback_text
+from kevin_exp.tasks import load_builtin
 
 FENCE = "`" * 3
 WORDS = (

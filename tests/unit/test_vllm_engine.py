@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kevin_exp.config import ConfigError, ModelConfig, RolloutConfig, VLLMConfig
-from kevin_exp.distributed import DistContext
+from kevin_exp.launch.world import DistContext
 from kevin_exp.models import Policy, chat_prompt_ids, load_policy
 from kevin_exp.rollout.vllm_engine import VLLMGenerator, engine_args, engine_seed
 from kevin_exp.trainer.logprobs import pack, response_logprobs

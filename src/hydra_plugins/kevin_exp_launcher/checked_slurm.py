@@ -1,4 +1,4 @@
-"""submitit's SLURM launcher, with kevin-exp's pre-submission checks (kevin_exp.launch_checks) and a line per
+"""submitit's SLURM launcher, with kevin-exp's pre-submission checks (kevin_exp.launch.slurm_checks) and a line per
 submitted job: its overrides, SLURM job id, run folder and log folder."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from hydra.core.utils import JobReturn, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig, open_dict
 
-from kevin_exp.launch_checks import LaunchError, check_cluster_reachable, check_points, job_config
+from kevin_exp.errors import LaunchError
+from kevin_exp.launch.slurm_checks import check_cluster_reachable, check_points, job_config
 
 if TYPE_CHECKING:
     import submitit

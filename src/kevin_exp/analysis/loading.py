@@ -10,8 +10,8 @@ from typing import Any, Iterable
 import pandas as pd
 
 from kevin_exp.errors import UserError
-from kevin_exp.ledger import ledger_entries
-from kevin_exp.records import read_jsonl
+from kevin_exp.records.ledger import ledger_entries
+from kevin_exp.records.run_records import read_jsonl
 
 DEFAULT_LEDGER = Path("outputs/ledger.jsonl")
 

@@ -82,6 +82,7 @@ class KernelEnv:
         return turn_prompt(task.source, self.backend, history, max_tokens, count_tokens)
 
     def step(self, tasks: Sequence[Problem], responses: Sequence[str], response_ids: Sequence[list[int]]) -> list[TurnResult]:
+        # lazy: the records' readers (kevin_exp.show, transcripts) import this module and need no evaluator
         from kevin_exp.bench.evaluator import EvalItem
 
         parsed = [parse_response(text) for text in responses]
@@ -115,7 +116,7 @@ class _KernelScorer:
         self.session = env.evaluator.session()
 
     def submit(self, task: Problem, response: str, response_ids: list[int], done: Callable[[TurnResult], None]) -> None:
-        from kevin_exp.bench.evaluator import EvalItem
+        from kevin_exp.bench.evaluator import EvalItem  # lazy, as in KernelEnv.step
 
         p = parse_response(response)
         if not p.ok:

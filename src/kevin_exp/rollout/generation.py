@@ -2,7 +2,7 @@
 
 ``Generator`` is the interface the rollout loop uses (prompts in; token ids, text and the log-probs of the
 sampled tokens out; ``update_weights``/``sleep``/``wake`` for engines that hold their own copy of the
-weights); ``build_generator`` picks the implementation named by ``rollout.backend``. ``HFGenerator``
+weights); ``rollout/generators.py`` builds the implementation named by ``rollout.backend``. ``HFGenerator``
 implements it with Hugging Face ``generate`` on the policy's own device, sampling through
 ``rl.sampling.processed_logits`` (the function the learner scores with) and recording each sampled token's
 log-probability under that processed distribution. Outputs are a pure function of (prompts, seed, weights)
@@ -26,10 +26,8 @@ from transformers import (
     StopStringCriteria,
 )
 
-from kevin_exp.config import TrainConfig
 from kevin_exp.models import Policy
 from kevin_exp.rl.sampling import processed_logits
-from kevin_exp.tasks import Problem
 
 
 @dataclass
@@ -72,23 +70,6 @@ class Generator(Protocol):
         """Time and memory of the engine's transitions since the last call (metrics columns)."""
 
     def close(self) -> None: ...
-
-
-def build_generator(cfg: TrainConfig, policy: Policy, tasks: list[Problem], kernel_backend: str,
-                    n_trajectories: int, device: torch.device) -> Generator:
-    ro = cfg.rollout
-    if ro.backend == "hf":
-        return HFGenerator(policy, ro.generation_batch_size, ro.generation_batch_tokens, ro.stop, ro.compile)
-    if ro.backend == "scripted":
-        from kevin_exp.rollout.scripted import ScriptedGenerator
-
-        return ScriptedGenerator(policy.tokenizer, tasks, kernel_backend, n_trajectories, ro.scripted_think_tokens)
-    if ro.backend == "vllm":
-        from kevin_exp.distributed import context_from_env
-        from kevin_exp.rollout.vllm_engine import VLLMGenerator
-
-        return VLLMGenerator(ro, cfg.model, policy, context_from_env(), cfg.seed, device, cfg.trainer.dist_timeout_s)
-    raise ValueError(f"rollout.backend={ro.backend!r} has no generator")  # refused at composition already
 
 
 class SharesTheLearnersWeights:

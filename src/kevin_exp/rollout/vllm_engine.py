@@ -30,12 +30,9 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from kevin_exp.config import ModelConfig, RolloutConfig
-from kevin_exp.distributed import DistContext, join_process_group
+from kevin_exp.launch.world import DistContext, join_process_group
 from kevin_exp.models import Policy
 from kevin_exp.rollout.generation import Generation
-
-# transitions, in lifecycle order (the names of their metrics columns)
-TRANSITIONS = ("wake_weights", "push_weights", "wake_kv", "free_kv", "sleep")
 
 
 def engine_seed(run_seed: int, rank: int) -> int:

@@ -1,1 +1,1 @@
-"""The policy update: log-probs, the learner, checkpoints, and the training loop."""
+"""The policy update: the learners, log-probs, checkpoints and the collectives of a step over ranks."""

@@ -46,7 +46,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from kevin_exp.errors import UserError
-from kevin_exp.records import fsync_path
+from kevin_exp.records.run_records import fsync_path
 from kevin_exp.trainer import collectives
 
 POLICY_FILE = "policy.safetensors"

@@ -1,6 +1,6 @@
 """The policy update under DeepSpeed ZeRO (stage 2 or 3) over every rank of the run.
 
-Each rank holds its own share of the step's samples (whole task groups: see ``trainer/loop.py``). The update
+Each rank holds its own share of the step's samples (whole task groups: see ``run/training.py``). The update
 is the single-process one (``TorchLearner``) computed over the union of the ranks' samples:
 
 - Gradient steps: the same seeded mini-batch split, drawn over the whole step (``batching.minibatch_plan``).
@@ -34,14 +34,14 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from kevin_exp.config import AlgorithmConfig, TrainerConfig
-from kevin_exp.distributed import context_from_env, join_process_group
+from kevin_exp.launch.world import context_from_env, join_process_group
 from kevin_exp.models.loading import _enable_checkpointing as enable_checkpointing
 from kevin_exp.models.partial_checkpointing import limit_checkpointing
 from kevin_exp.rl.loss import clipped_policy_loss
 from kevin_exp.trainer import collectives
 from kevin_exp.trainer.batching import minibatch_plan, token_micro_batches
 from kevin_exp.trainer.ds_config import run_deepspeed_config
-from kevin_exp.trainer.learner import LearnerSample, TrainBatch, UpdateStats, _scatter, warmup_lambda
+from kevin_exp.trainer.learner import LearnerSample, TrainBatch, UpdateStats, scatter_rows, warmup_lambda
 from kevin_exp.trainer.logprobs import chunk_count, pack, response_logprobs
 
 DS_CONFIG_FILE = "deepspeed_config.json"
@@ -194,7 +194,7 @@ class DeepSpeedLearner:
         logp, entropy = self._score(batch, with_entropy=True)
         mask = batch.mask
         adv = torch.tensor([samples[i].advantage for i in micro], dtype=torch.float32, device=self.device)
-        res = clipped_policy_loss(logp, _scatter(old, micro, mask), adv, mask, self.algo.normalization,
+        res = clipped_policy_loss(logp, scatter_rows(old, micro, mask), adv, mask, self.algo.normalization,
                                   self.max_new_tokens, self.algo.clip_low, self.algo.clip_high,
                                   total_sequences=n_sequences, total_tokens=n_tokens)
         m = mask.bool()

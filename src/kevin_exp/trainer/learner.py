@@ -1,8 +1,8 @@
 """The policy update of one step: old log-probs, then clipped-surrogate gradient steps over mini-batches.
 
 ``Learner`` is the interface the training loop uses (``train_step(batch) -> metrics``, ``state_dict``/
-``load_state_dict`` for checkpoints, ``model`` for the weights a generator is given); ``build_learner``
-picks the implementation named by ``trainer.backend``. ``TorchLearner`` trains in this process with AdamW;
+``load_state_dict`` for checkpoints, ``model`` for the weights a generator is given); ``trainer/learners.py``
+builds the implementation named by ``trainer.backend``. ``TorchLearner`` trains in this process with AdamW;
 ``DeepSpeedLearner`` (``trainer/deepspeed_learner.py``) trains under ZeRO over every rank of the run, and its
 checkpoints are sharded (``Checkpointer.save_sharded``), not a ``state_dict``.
 
@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import torch
 
-from kevin_exp.config import AlgorithmConfig, TrainConfig, TrainerConfig
+from kevin_exp.config import AlgorithmConfig, TrainerConfig
 from kevin_exp.models.partial_checkpointing import limit_checkpointing
 from kevin_exp.rl.loss import clipped_policy_loss
 from kevin_exp.trainer.batching import minibatch_plan
@@ -79,23 +79,6 @@ class Learner(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ...
-
-
-def build_learner(cfg: TrainConfig, model: torch.nn.Module, pad_id: int, device: torch.device,
-                  load_universal: bool = False) -> Learner:
-    """``load_universal``: the checkpoint to resume from was written by another number of ranks (deepspeed)."""
-    if cfg.trainer.backend == "torch":
-        return TorchLearner(model, pad_id, cfg.trainer, cfg.algorithm, cfg.rollout.max_new_tokens, cfg.steps, device,
-                            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
-    if cfg.trainer.backend == "deepspeed":
-        from kevin_exp.trainer.deepspeed_learner import DeepSpeedLearner
-
-        return DeepSpeedLearner(model, pad_id, cfg.trainer, cfg.algorithm, cfg.rollout.max_new_tokens, cfg.steps, device,
-                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, run_dir=cfg.run_dir,
-                                load_universal=load_universal,
-                                # an engine with its own weights (rollout=vllm) needs no whole copy beside ZeRO-3's
-                                keep_generator_copy=cfg.rollout.backend != "vllm")
-    raise ValueError(f"trainer.backend={cfg.trainer.backend!r} has no learner")  # refused at composition already
 
 
 def warmup_lambda(trainer: TrainerConfig, total_steps: int) -> Callable[[int], float]:
@@ -189,8 +172,8 @@ class TorchLearner:
             logp, entropy = response_logprobs(self.model, batch, with_entropy=True, temperature=self.temperature,
                                               top_p=self.top_p, chunk_tokens=self.cfg.logprob_chunk_tokens)
             mask = batch.mask
-            old_lp = _scatter(old, micro, mask)
-            ref_lp = _scatter(ref, micro, mask) if ref is not None else None
+            old_lp = scatter_rows(old, micro, mask)
+            ref_lp = scatter_rows(ref, micro, mask) if ref is not None else None
             adv = torch.tensor([samples[i].advantage for i in micro], dtype=torch.float32, device=self.device)
             res = clipped_policy_loss(logp, old_lp, adv, mask, self.algo.normalization, self.max_new_tokens,
                                       self.algo.clip_low, self.algo.clip_high, ref_lp, self.algo.kl_coef,
@@ -228,7 +211,7 @@ def _logprob_diff(samples: Sequence[LearnerSample], learner_logp: Mapping[int, t
     return float(flat.mean()), float(flat.max())
 
 
-def _scatter(rows: Mapping[int, torch.Tensor], micro: list[int], mask: torch.Tensor) -> torch.Tensor:
+def scatter_rows(rows: Mapping[int, torch.Tensor], micro: list[int], mask: torch.Tensor) -> torch.Tensor:
     """Per-sample response log-probs back into the (B, R) right-aligned layout of ``mask``."""
     out = torch.zeros_like(mask)
     for k, i in enumerate(micro):

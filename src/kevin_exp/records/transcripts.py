@@ -11,7 +11,7 @@ Every ``TranscriptWriter.append`` writes its rows as one new gzip member and flu
 concatenated members are one valid gzip stream, so ``zcat`` reads a file whole. A kill can cut only the
 last member: ``read_transcripts`` keeps every complete row before the cut, and a writer that reopens such a
 file first trims it back to its last complete member. ``resume_at`` deletes the files of steps after the
-checkpoint a run resumes from, as ``records.py`` does for ``turns.jsonl``.
+checkpoint a run resumes from, as ``run_records.py`` does for ``turns.jsonl``.
 
 Size, measured on responses of 5.4 KB on average (reasoning, a CUDA kernel revised from turn to turn, a
 summary) and the feedback of each outcome: 1.3 KB per turn when a step's rows are appended in one call
@@ -29,7 +29,7 @@ import zlib
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
 
-from kevin_exp.records import fsync_path
+from kevin_exp.records.run_records import fsync_path
 from kevin_exp.rollout.prompts import feedback_text
 
 if TYPE_CHECKING:

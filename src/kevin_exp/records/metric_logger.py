@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kevin_exp.config import LoggerConfig
+from kevin_exp.launch.world import context_from_env
 
 MODES = ("auto", "online", "offline", "disabled")
 
@@ -81,8 +82,6 @@ def git_commit_short() -> str | None:
 
 def build_metric_logger(cfg: LoggerConfig, run_dir: Path, run_id: str, *, experiment: str | None,
                         sweep: str | None, config: dict[str, Any]) -> MetricLogger:
-    from kevin_exp.distributed import context_from_env
-
     if cfg.kind == "jsonl" or not context_from_env().is_main:
         # one W&B run per run: rank 0's (other ranks' rows reach rank 0's records)
         return RecordsOnly()

@@ -6,7 +6,8 @@ from collections import Counter
 from pathlib import Path
 
 from kevin_exp.config import TrainConfig
-from kevin_exp.records import read_jsonl
+from kevin_exp.launch.world import context_from_env
+from kevin_exp.records.run_records import read_jsonl
 
 # models that write no compiling kernel at all: their reward stays 0 and there is nothing to learn from
 SMOKE_MODELS = ("tiny", "smollm2_135m")
@@ -71,8 +72,6 @@ def headline_lines(run_dir: Path, cfg: TrainConfig) -> list[str]:
 def print_summary(run_dir: Path, cfg: TrainConfig) -> float:
     """Prints the summary (rank 0 of a run of several ranks); returns the last step's mean reward (the value a
     Hydra sweeper would optimise)."""
-    from kevin_exp.distributed import context_from_env
-
     if context_from_env().is_main:
         print("\n".join(summary_lines(run_dir) + headline_lines(run_dir, cfg)), flush=True)
     metrics = read_jsonl(run_dir / "metrics.jsonl")

@@ -1,38 +1,24 @@
-"""The parts a training run and an evaluation run share, built once from the typed config: the task pool,
-the policy and its prompt encoding, the generator, the environment that scores responses, and the run
-folder's records (turns, metrics, transcripts, provenance, the metric logger)."""
+"""The run folder: where a run's records go (turns, metrics, transcripts, provenance), and the writer's lock
+that lets one process write them. In a run of several ranks only rank 0 writes; the others see the records
+read-only (``RankRecords``, ``RankTranscripts``)."""
 from __future__ import annotations
 
 import dataclasses
 import fcntl
 import json
 import os
-import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
-import torch
+from omegaconf import OmegaConf
 
 from kevin_exp.config import TrainConfig
-from kevin_exp.distributed import DistContext, context_from_env
 from kevin_exp.errors import UserError
-from kevin_exp.launch import joined_ranks
-from kevin_exp.metric_logger import MetricLogger, RecordsOnly, build_metric_logger
-from kevin_exp.models import Policy, chat_prompt_ids, load_policy
-from kevin_exp.records import RunRecords, run_id_for
-from kevin_exp.rollout.env import Environment
-from kevin_exp.rollout.generation import Generator, build_generator
-from kevin_exp.tasks import Problem
-from kevin_exp.trainer.setup import build_environment, load_task_pool, resolve_device
-from kevin_exp.transcripts import TranscriptWriter
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
+from kevin_exp.launch.ranks import joined_ranks
+from kevin_exp.launch.world import DistContext, context_from_env
+from kevin_exp.records.run_records import RunRecords, run_id_for
+from kevin_exp.records.transcripts import TranscriptWriter
 
 
 class RankRecords(RunRecords):
@@ -145,43 +131,6 @@ def release_run_lock(path: Path) -> None:
         del _held_locks[path]
 
 
-@dataclass
-class PolicyParts:
-    pool: list[Problem]
-    device: torch.device
-    policy: Policy
-    generator: Generator
-    env: Environment
-    encode_prompt: Callable[[str], list[int]]
-    count_tokens: Callable[[str], int]
-
-
-def build_policy_parts(cfg: TrainConfig, evaluation: bool = False) -> PolicyParts:
-    seed_everything(cfg.seed)
-    pool = load_task_pool(cfg.tasks)
-    device = resolve_device(cfg.trainer.device)
-    # a ZeRO-3 learner beside an engine with its own weights only reads the whole model once, to fill its
-    # partitioned copy: it stays off the GPU, which the engine must find free when it starts
-    whole_on_host = cfg.rollout.backend == "vllm" and cfg.trainer.backend == "deepspeed" and cfg.trainer.zero_stage == 3
-    policy = load_policy(cfg.model, torch.device("cpu") if whole_on_host else device)
-    tok = policy.tokenizer
-    env = build_environment(cfg, vocab_size=len(tok))
-    n_trajectories = cfg.eval.n_trajectories if evaluation else cfg.n_trajectories
-    return PolicyParts(
-        pool=pool, device=device, policy=policy,
-        generator=build_generator(cfg, policy, pool, env.backend, n_trajectories, device), env=env,
-        encode_prompt=lambda text: chat_prompt_ids(tok, text, cfg.model.system_prompt),
-        count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)),
-    )
-
-
-def build_logger(cfg: TrainConfig, folder: RunFolder, sweep: str | None) -> MetricLogger:
-    if not folder.main:
-        return RecordsOnly()  # one W&B run per run, rank 0's
-    return build_metric_logger(cfg.logger, folder.path, folder.run_id, experiment=cfg.experiment, sweep=sweep,
-                               config=provenance_config(cfg))
-
-
 def record_ranks(run_dir: Path) -> None:
     """The ranks that joined the run, in this start's entry of meta.json (nothing for a run of one process)."""
     ranks = joined_ranks()
@@ -199,6 +148,4 @@ def provenance_config(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def yaml_of(resolved: dict[str, Any]) -> str:
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_yaml(OmegaConf.create(resolved))

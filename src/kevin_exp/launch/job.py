@@ -11,10 +11,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from kevin_exp.config import TrainConfig, to_typed
-from kevin_exp.distributed import context_from_env
-from kevin_exp.launch import LaunchError, as_launched, launched_ranks, rank_env_from_slurm
-from kevin_exp.preflight import check_run_inputs, launched_by_cluster
-from kevin_exp.threads import apply_thread_limits
+from kevin_exp.errors import LaunchError
+from kevin_exp.launch.preflight import check_run_inputs, launched_by_cluster
+from kevin_exp.launch.ranks import as_launched, launched_ranks, rank_env_from_slurm
+from kevin_exp.launch.threads import apply_thread_limits
+from kevin_exp.launch.world import context_from_env
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,6 @@ class DistContext:
     def distributed(self) -> bool:
         return self.world_size > 1
 
-    @property
-    def node_rank(self) -> int:
-        return self.rank // max(1, self.local_world_size)
-
 
 def context_from_env(env: dict[str, str] | None = None) -> DistContext:
     env = dict(os.environ) if env is None else env

@@ -18,8 +18,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from kevin_exp.config import ConfigError, TrainConfig, to_typed
 from kevin_exp.errors import UserError, one_line
+from kevin_exp.launch.ranks import check_trainer_for_ranks
+from kevin_exp.launch.resources import check_resources, uses_gpu
+from kevin_exp.launch.slurm_checks import check_cluster_reachable, check_points
+from kevin_exp.models.loading import check_model_path
+from kevin_exp.run.setup import load_task_pool
+from kevin_exp.trainer.checkpoint import find_checkpoint
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 # what Hydra does with these prints or explains; nothing runs, so nothing is checked
 _INFO_FLAGS = ("help", "hydra_help", "info", "shell_completion", "experimental_rerun")
 
@@ -119,19 +125,11 @@ def launch_points(composer: Composer, overrides: list[str], multirun: bool) -> l
 def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True) -> None:
     """What a run needs besides valid settings: its tasks, its model's weights, its checkpoint, and (on a
     GPU) enough memory. Raises a UserError naming the setting and the fix."""
-    from kevin_exp.models.loading import check_model_path
-    from kevin_exp.resources import check_resources, uses_gpu
-    from kevin_exp.trainer.setup import load_task_pool
-
     load_task_pool(cfg.tasks)
     check_model_path(cfg.model)
     if entry == "evaluate" and cfg.checkpoint:
-        from kevin_exp.trainer.checkpoint import find_checkpoint
-
         find_checkpoint(cfg.checkpoint)
     if entry == "train":
-        from kevin_exp.launch import check_trainer_for_ranks
-
         check_trainer_for_ranks(cfg)
     if memory_check and uses_gpu(cfg):
         check_resources(cfg)
@@ -171,8 +169,6 @@ def preflight(config_name: str, argv: list[str]) -> list[TrainConfig]:
             raise type(e)(f"{e} (in the sweep point {' '.join(swept)})" if len(points) > 1 else str(e)) from None
         checked.append((point, typed))
     if checked and not args.cfg and launched_by_cluster(cfg):
-        from kevin_exp.launch_checks import check_cluster_reachable, check_points
-
         # the GPUs each job gets are the launcher's: every point must fit them, and the cluster must answer
         check_points([(p, t) for p, t in checked], cfg.hydra.launcher.get("gpus_per_node"))
         check_cluster_reachable(str(cfg.hydra.runtime.choices.get("cluster")), cfg.hydra.launcher.get("partition"))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import random
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,23 +31,24 @@ from typing import Any, Callable
 
 import torch
 
-from kevin_exp.config import AlgorithmConfig, TrainConfig, world_size_problems
-from kevin_exp.distributed import context_from_env
+from kevin_exp.config import TrainConfig, world_size_problems
 from kevin_exp.errors import UserError
+from kevin_exp.launch.world import context_from_env
 from kevin_exp.models.loading import Policy
-from kevin_exp.progress import Progress
-from kevin_exp.rl.credit import turn_credit
-from kevin_exp.rollout.generation import build_generator
-from kevin_exp.rollout.loop import RolloutSettings, RolloutTimes, TurnSample, run_rollout
-from kevin_exp.rows import metrics_row, scale_columns, training_settings, turn_row
-from kevin_exp.run_parts import RunFolder, build_logger, build_policy_parts
-from kevin_exp.tasks import Problem
+from kevin_exp.records.progress import Progress
+from kevin_exp.records.rows import metrics_row, scale_columns, training_settings, turn_row
+from kevin_exp.records.transcripts import transcript_rows
+from kevin_exp.rollout.generators import build_generator
+from kevin_exp.rollout.loop import RolloutTimes, TurnSample, run_rollout
+from kevin_exp.run.folder import RunFolder
+from kevin_exp.run.parts import build_logger, build_policy_parts
+from kevin_exp.run.signals import signals_held
+from kevin_exp.run.step import assign_credit, pick_tasks, rank_share, rollout_settings, step_seed
+from kevin_exp.run.throughput import device_peak_flops, gpu_peak_gb, host_rss_peak_gb, mfu, reset_gpu_peak
 from kevin_exp.trainer import collectives
 from kevin_exp.trainer.checkpoint import Checkpointer, saved_world_size
-from kevin_exp.trainer.learner import LearnerSample, TrainBatch, build_learner
-from kevin_exp.trainer.signals import signals_held
-from kevin_exp.trainer.throughput import device_peak_flops, gpu_peak_gb, host_rss_peak_gb, mfu, reset_gpu_peak
-from kevin_exp.transcripts import transcript_rows
+from kevin_exp.trainer.learner import LearnerSample, TrainBatch
+from kevin_exp.trainer.learners import build_learner
 
 log = logging.getLogger(__name__)
 
@@ -88,37 +88,6 @@ class AheadRollout:
         """A run ending early leaves an unfinished rollout unread: it was never recorded, and a resumed run samples
         that step again."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def pick_tasks(pool: list[Problem], k: int, seed: int, step: int) -> list[Problem]:
-    rng = random.Random(f"{seed}/{step}")
-    return rng.sample(pool, min(k, len(pool)))
-
-
-def assign_credit(samples: list[TurnSample], algo: AlgorithmConfig) -> None:
-    """Each sample's discounted return and group-normalised advantage (Kevin's per-turn credit)."""
-    returns, advantages = turn_credit(
-        [s.result.score for s in samples], [s.task.problem_id for s in samples], [s.trajectory for s in samples],
-        [s.turn for s in samples], algo.gamma, algo.aggregation, algo.estimator, algo.scale_by_std,
-    )
-    for s, r, a in zip(samples, returns, advantages):
-        s.ret, s.advantage = r, a
-
-
-def rank_share(tasks: list[Problem], rank: int, world_size: int) -> list[Problem]:
-    """Rank ``rank``'s contiguous share of the step's tasks (the first ranks take one more when uneven)."""
-    base, extra = divmod(len(tasks), world_size)
-    start = rank * base + min(rank, extra)
-    return tasks[start : start + base + (rank < extra)]
-
-
-def step_seed(seed: int, step: int) -> int:
-    return (seed * 1_000_003 + step * 65_537) % (2**31 - 1)
-
-
-def rollout_settings(cfg: TrainConfig, n_trajectories: int, n_turns: int, schedule: str) -> RolloutSettings:
-    return RolloutSettings(n_trajectories, n_turns, cfg.rollout.max_new_tokens, cfg.rollout.max_prompt_tokens,
-                           cfg.rollout.temperature, cfg.rollout.top_p, schedule)
 
 
 class TrainingRun:

@@ -26,17 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from kevin_exp.config import TrainConfig, world_size_problems
-from kevin_exp.distributed import SELF_WORLD_ENV, DistContext, context_from_env, forget_inherited_world, init_process_group
-from kevin_exp.errors import UserError
+from kevin_exp.errors import LaunchError
+from kevin_exp.launch.world import SELF_WORLD_ENV, DistContext, context_from_env, forget_inherited_world, init_process_group
+from kevin_exp.records.run_records import read_jsonl
+from kevin_exp.run.setup import resolve_device
 
 _joined: list[dict[str, Any]] = []
 # set by spawn_local_ranks for the ranks it starts: the pid of the process that started them
 LAUNCHER_PID_ENV = "KEVIN_EXP_LAUNCHER_PID"
 PR_SET_PDEATHSIG = 1
 
-
-class LaunchError(UserError):
-    pass
 
 
 def launched_ranks(env: dict[str, str] | None = None) -> bool:
@@ -142,8 +141,6 @@ def join_run(cfg: TrainConfig, ctx: DistContext | None = None) -> DistContext:
         return ctx
     cuda = uses_cuda(cfg)
     if cuda:
-        from kevin_exp.trainer.setup import resolve_device
-
         device = resolve_device(cfg.trainer.device)  # the trainer's choice of this rank's GPU
         torch.cuda.set_device(device)
         me["device"] = str(device)
@@ -198,7 +195,5 @@ def check_trainer_for_ranks(cfg: TrainConfig) -> None:
 
 def final_reward(run_dir: str | Path) -> float:
     """The last step's mean reward, the value a sweeper optimises (0 before any step)."""
-    from kevin_exp.records import read_jsonl
-
     metrics = read_jsonl(Path(run_dir) / "metrics.jsonl")
     return float(metrics[-1]["reward_mean"]) if metrics else 0.0

@@ -15,10 +15,6 @@ from kevin_exp.rollout.loop import RolloutTimes, TurnSample
 MEASURED_COLUMNS = ("generate_s", "evaluate_s", "evaluate_wait_s", "train_s", "step_s", "gpu_mem_peak_gb",
                     "host_rss_peak_gb", "train_tokens_per_s", "mfu", "ranks")
 
-SETTING_COLUMNS = ("gamma", "n_turns", "n_trajectories", "tasks_per_step", "normalization", "aggregation",
-                   "estimator", "model", "seed", "experiment", "sweep_name")
-
-
 def training_settings(cfg: TrainConfig) -> dict[str, Any]:
     """The settings that define a trained policy, under the column names the analysis groups by."""
     return {"gamma": cfg.gamma, "n_turns": cfg.n_turns, "n_trajectories": cfg.n_trajectories,
@@ -86,7 +82,7 @@ def scale_columns(world_size: int, train_tokens: float, train_s: float, gpu_mem_
     """The step's scale and throughput (``metrics.jsonl``): ranks, peak GPU memory and host RSS (the max over
     ranks; GPU 0 on a CPU), the tokens the learner trained on (prompt + response of the samples run, times the
     epochs, all ranks) and their rate over the training phase, and the MFU estimate (null on a CPU or an
-    unknown GPU; kevin_exp/trainer/throughput.py)."""
+    unknown GPU; kevin_exp/run/throughput.py)."""
     return {"world_size": world_size, "gpu_mem_peak_gb": gpu_mem_peak_gb, "host_rss_peak_gb": host_rss_peak_gb,
             "train_tokens": int(train_tokens), "train_tokens_per_s": train_tokens / train_s if train_s > 0 else None,
             "mfu": mfu}

@@ -9,12 +9,15 @@ from typing import Iterator
 
 import torch
 
+from kevin_exp.bench.evaluator import Evaluator
+from kevin_exp.bench.remote import RemoteEvaluator, RemoteSettings
 from kevin_exp.config import TasksConfig, TrainConfig
-from kevin_exp.distributed import context_from_env
 from kevin_exp.errors import UserError
+from kevin_exp.launch.threads import thread_count
+from kevin_exp.launch.world import context_from_env
+from kevin_exp.rollout.env import KernelEnv, ScoreWeights, SyntheticEnv
 from kevin_exp.tasks import Problem, load_builtin, load_kernelbench, select
 from kevin_exp.tasks.splits import apply_split
-from kevin_exp.threads import thread_count
 
 
 def resolve_device(name: str) -> torch.device:
@@ -85,23 +88,17 @@ def load_task_pool(cfg: TasksConfig) -> list[Problem]:
 
 
 def build_environment(cfg: TrainConfig, vocab_size: int):
-    from kevin_exp.rollout.env import KernelEnv, ScoreWeights, SyntheticEnv
-
     if cfg.rollout.env == "synthetic":
         return SyntheticEnv(target_below=max(1, vocab_size // 8))
     if cfg.rollout.env != "kernel":
         raise ValueError(f"rollout.env={cfg.rollout.env!r}: expected kernel or synthetic")
     weights = ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight)
     if cfg.evaluator.placement == "remote":
-        from kevin_exp.bench.remote import RemoteEvaluator, RemoteSettings
-
         r = cfg.evaluator.remote
         log_dir = r.log_dir or str(Path(cfg.run_dir or ".") / "evaluator-workers")
         settings = RemoteSettings(**{**dataclasses.asdict(r), "job_extra": tuple(r.job_extra), "log_dir": log_dir})
         # each worker's evaluator uses its own job's cores
         return KernelEnv(RemoteEvaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=r.cores), settings), weights)
-    from kevin_exp.bench.evaluator import Evaluator
-
     # this rank's share of the node's cores (thread_count splits them among the node's ranks)
     with rank_gpu_visible():
         evaluator = Evaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=thread_count(cfg.resources)))

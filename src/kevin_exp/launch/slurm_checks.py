@@ -10,13 +10,9 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, open_dict
 
 from kevin_exp.config import TrainConfig, to_typed
-from kevin_exp.errors import UserError
+from kevin_exp.errors import LaunchError
+from kevin_exp.launch.resources import ResourceError, check_resources
 from kevin_exp.models.loading import ModelConfigError, check_model_path
-from kevin_exp.resources import ResourceError, check_resources
-
-
-class LaunchError(UserError):
-    pass
 
 
 def check_cluster_reachable(profile: str, partition: str | None, timeout_s: float = 20.0) -> None:

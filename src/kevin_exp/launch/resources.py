@@ -2,7 +2,7 @@
 out with their sources in docs/scaling.md); a configuration that does not fit stops before anything runs (or is
 submitted), with the numbers and the fixes that would make it fit.
 
-    python -m kevin_exp.resources experiment=kevin_32b resources=h200x8 trainer.backend=deepspeed
+    python -m kevin_exp.launch.memory_report experiment=kevin_32b resources=h200x8 trainer.backend=deepspeed
 
 ``estimate(layout)`` is a pure function of a ``MemoryLayout`` (what the formulas read: model size and shape,
 trainer, sequence lengths, world size); ``layout_of(cfg)`` reads one from a run's config. Trainer settings of the
@@ -13,7 +13,6 @@ with the defaults below otherwise.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -414,75 +413,3 @@ def uses_gpu(cfg: TrainConfig) -> bool:
 
         return torch.cuda.is_available()
     return cfg.trainer.device.startswith("cuda")
-
-
-# the sharding trainer's settings: read from the config where it has them, else given to the layout directly
-LAYOUT_KEYS = {"trainer.backend": "backend", "trainer.zero_stage": "zero_stage",
-               "trainer.offload_optimizer": "offload_optimizer", "trainer.offload_params": "offload_params",
-               "trainer.bf16": "bf16", "trainer.activation_checkpointing": "activation_checkpointing",
-               "trainer.checkpoint_layers": "checkpoint_layers",
-               "trainer.micro_batch_tokens": "micro_batch_tokens", "trainer.logprob_chunk_tokens": "logprob_tokens"}
-
-
-def _parse(value: str) -> Any:
-    import yaml
-
-    return yaml.safe_load(value)
-
-
-def layout_for(overrides: list[str]) -> tuple[MemoryLayout, TrainConfig]:
-    """The layout ``python -m kevin_exp.train <overrides>`` would run with. Trainer settings the installed
-    trainer schema does not know yet (the sharding trainer's) apply to the layout directly."""
-    from kevin_exp.config import TrainerConfig
-    from kevin_exp.preflight import Composer
-
-    known = {f.name for f in dataclasses.fields(TrainerConfig)}
-    backend_field = {f.name: f for f in dataclasses.fields(TrainerConfig)}["backend"]
-    implemented = backend_field.metadata.get("options", ())
-    direct: dict[str, Any] = {}
-    composed = []
-    for o in overrides:
-        key, _, value = o.partition("=")
-        name = key.split(".", 1)[-1]
-        if key in LAYOUT_KEYS and (name not in known or (name == "backend" and value not in implemented)):
-            direct[LAYOUT_KEYS[key]] = _parse(value)
-        else:
-            composed.append(o)
-    if not any(o.split("=", 1)[0] in ("tasks", "tasks.suite") for o in composed):
-        composed.append("tasks=builtin")  # memory does not depend on the tasks: no KernelBench checkout needed
-    from kevin_exp.config import to_typed
-
-    cfg = Composer("train").compose([*composed, "run_dir=unused"])
-    typed = to_typed(cfg, overrides=composed)
-    x = layout_of(typed)
-    if "logprob_tokens" in direct:
-        direct["logprob_tokens"] = min(int(direct["logprob_tokens"]), x.logprob_tokens)
-    if "micro_batch_tokens" in direct and "logprob_tokens" not in direct:
-        direct["logprob_tokens"] = min(x.logprob_tokens, int(direct["micro_batch_tokens"]))
-    return dataclasses.replace(x, **direct), typed
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m kevin_exp.resources <train overrides>``: the estimate of one configuration, term by term."""
-    from kevin_exp.config import register_configs
-    from kevin_exp.errors import user_errors
-    from kevin_exp.hydra_resolvers import register_resolvers
-
-    register_configs()
-    register_resolvers()
-    with user_errors():
-        x, cfg = layout_for(list(sys.argv[1:] if argv is None else argv))
-        est = estimate(x)
-        r = cfg.resources
-        print("\n".join(report_lines(x, est, r.gpu_memory_gb, r.max_memory_fraction, r.mem_gb)))
-        budget = r.gpu_memory_gb * r.max_memory_fraction
-        if est.per_gpu_gb > budget:
-            print("fits with: " + ("; or ".join(fixes_for(x, budget)) or "none of the changes tried"))
-        from kevin_exp.config import world_size_problems
-
-        for problem in world_size_problems(cfg, x.world_size):
-            print(f"also needed on {x.world_size} ranks: {problem}")
-
-
-if __name__ == "__main__":
-    main()

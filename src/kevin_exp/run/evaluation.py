@@ -21,15 +21,16 @@ from typing import Any
 
 from kevin_exp.config import TrainConfig, config_from_dict
 from kevin_exp.errors import UserError
-from kevin_exp.progress import Progress
-from kevin_exp.records import read_jsonl
+from kevin_exp.records.progress import Progress
+from kevin_exp.records.rows import training_settings, turn_row
+from kevin_exp.records.run_records import read_jsonl
+from kevin_exp.records.transcripts import transcript_rows
 from kevin_exp.rollout.loop import run_rollout
-from kevin_exp.rows import training_settings, turn_row
-from kevin_exp.run_parts import RunFolder, build_logger, build_policy_parts
+from kevin_exp.run.folder import RunFolder
+from kevin_exp.run.parts import build_logger, build_policy_parts
+from kevin_exp.run.step import assign_credit, rollout_settings, step_seed
 from kevin_exp.tasks import Problem
 from kevin_exp.trainer.checkpoint import checkpoint_step, find_checkpoint, load_policy_weights
-from kevin_exp.trainer.loop import assign_credit, rollout_settings, step_seed
-from kevin_exp.transcripts import transcript_rows
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class EvaluationRun:
 
 def eval_summary_lines(run_dir: Path) -> list[str]:
     """Kevin's headline numbers for this evaluation (analysis/ablation_table.py gives the full tables)."""
+    # lazy: pandas and the analysis library serve only this closing summary, not the evaluation's start
     import pandas as pd
 
     from kevin_exp.analysis import task_scores, trajectory_scores

@@ -13,9 +13,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from kevin_exp.distributed import context_from_env
 from kevin_exp.errors import EXIT_USER_ERROR, UserError, report
-from kevin_exp.records import JsonlWriter, git_state, read_jsonl
+from kevin_exp.launch.world import context_from_env
+from kevin_exp.records.run_records import JsonlWriter, git_state, read_jsonl
 
 SWEEP_FILE = "sweep.json"
 
