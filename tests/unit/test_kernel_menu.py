@@ -1,0 +1,96 @@
+"""The kernel menu: its tasks and deals, reading an answer into a candidate program, and the menu prompt."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from kevin_exp.rollout.menu_env import ASK, menu_prompt, shown_order
+from kevin_exp.rollout.prompts import Attempt
+from kevin_exp.tasks.kernel_menu import KINDS, LETTERS, PROBE, load_menu, parse_menu_answer
+from kevin_exp.tasks.kernel_menu.answers import option_in
+from kevin_exp.tasks.kernel_menu.menu import EXPRESSIONS, deal_code
+
+MENU = load_menu([1])
+
+
+def test_every_deal_of_every_reference_is_a_task_with_its_deal_in_its_id():
+    references = sorted({p.name for p in MENU})
+    assert references == sorted(EXPRESSIONS)
+    assert len(MENU) == len(references) * 120
+    assert len({p.problem_id for p in MENU}) == len(MENU)
+    for name in references:
+        deals = {p.deal for p in MENU if p.name == name}
+        assert deals == set(itertools.permutations(KINDS))
+    p = MENU[7]
+    assert p.suite == "kernel_menu" and p.problem_id == f"kernel_menu/level1/{p.number}/{deal_code(p.deal)}"
+
+
+def test_a_letter_submits_the_kernel_its_deal_puts_behind_it_and_the_probe_the_slow_one():
+    task = next(p for p in MENU if p.deal == ("half", "broken", "fast", "slow", "off_by_one"))
+    assert task.candidate("C", "cpu") == task.program("fast", "cpu") == task.solution("cpu")
+    assert task.candidate("A", "cpu") == task.program("half", "cpu")
+    assert task.candidate(PROBE, "cpu") == task.program("slow", "cpu") == task.candidate("D", "cpu")
+    assert task.letter_of("fast") == "C"
+    # the same kind of the same reference is the same program in every deal (one build in the compile cache)
+    other = next(p for p in MENU if p.name == task.name and p.deal[0] == "fast")
+    assert other.candidate("A", "cpu") == task.candidate("C", "cpu")
+
+
+def test_each_kind_is_its_own_program_computing_the_references_function():
+    task = MENU[0]
+    programs = {kind: task.program(kind, "cpu") for kind in KINDS}
+    assert len(set(programs.values())) == len(KINDS)
+    for program in programs.values():
+        assert EXPRESSIONS[task.name] in program and "class ModelNew" in program
+    assert "omp parallel for simd" in programs["fast"] and "'-O3', '-fopenmp'" in programs["fast"]
+    assert "omp" not in programs["slow"] and "'-O1'" in programs["slow"]
+    with pytest.raises(ValueError, match="cpu only"):
+        task.program("fast", "cuda")
+
+
+@pytest.mark.parametrize("text, letter", [
+    ("C", "C"), (" C.", "C"), ("Option C", "C"), ("P (probe)", "P"), ("I think B", "B"), ("A, then B", "A"),
+    ("E\n", "E"), ("(D)", "D"),
+])
+def test_the_first_option_letter_standing_alone_is_the_answer(text, letter):
+    assert option_in(text) == letter
+    answer = parse_menu_answer(text, MENU[0], "cpu")
+    assert answer.ok and answer.letter == letter and answer.candidate == MENU[0].candidate(letter, "cpu")
+
+
+@pytest.mark.parametrize("text", ["", "c", "AB", "Faster", "I would pick the fast one", "F", "Q"])
+def test_an_answer_naming_no_option_is_a_format_error(text):
+    answer = parse_menu_answer(text, MENU[0], "cpu")
+    assert not answer.ok and answer.letter == "" and "no option letter" in answer.error
+
+
+def _ok(letter: str, speedup: float) -> Attempt:
+    return Attempt("program", letter, "ok", "correct", speedup)
+
+
+def test_the_first_prompt_shows_the_reference_and_the_menu_but_not_the_order():
+    task = MENU[3]
+    text = menu_prompt(task, [], "cpu")
+    assert task.source.strip() in text and text.endswith(ASK) and "CPU" in text
+    assert "Turn" not in text and "the fast kernel is" not in text
+
+
+def test_a_later_prompt_shows_each_turns_answer_verdict_and_speedup():
+    task = MENU[3]
+    history = [_ok("B", 0.42), Attempt(None, "", "format_error", "no option letter found in the answer")]
+    text = menu_prompt(task, history, "cpu")
+    assert "Turn 1: you answered B. Your kernel was correct" in text and "0.42x" in text
+    assert "Turn 2: your answer named no option." in text and "no option letter found" in text
+    assert "Restart your reasoning" not in text and "the fast kernel is" not in text
+    assert text.index("Turn 1") < text.index("Turn 2") < text.index(ASK)
+
+
+def test_a_probe_shows_the_order_of_the_menu_from_then_on():
+    for task in (MENU[0], MENU[50], MENU[200]):
+        text = menu_prompt(task, [_ok(PROBE, 0.1), _ok("A", 3.0)], "cpu")
+        fast = LETTERS[task.deal.index("fast")]
+        assert f"the fast kernel is {fast};" in text and shown_order(task) in text
+        assert text.index(shown_order(task)) < text.index("Turn 2")
+        broken = LETTERS[task.deal.index("broken")]
+        assert f"{broken} does not build" in text
