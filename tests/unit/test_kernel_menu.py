@@ -9,7 +9,7 @@ from kevin_exp.rollout.menu_env import ASK, menu_prompt, shown_order
 from kevin_exp.rollout.prompts import Attempt
 from kevin_exp.tasks.kernel_menu import KINDS, LETTERS, PROBE, load_menu, parse_menu_answer
 from kevin_exp.tasks.kernel_menu.answers import option_in
-from kevin_exp.tasks.kernel_menu.menu import EXPRESSIONS, deal_code
+from kevin_exp.tasks.kernel_menu.menu import EXPRESSIONS, deal_code, forward_body
 
 MENU = load_menu([1])
 
@@ -72,7 +72,8 @@ def _ok(letter: str, speedup: float) -> Attempt:
 def test_the_first_prompt_shows_the_reference_and_the_menu_but_not_the_order():
     task = MENU[3]
     text = menu_prompt(task, [], "cpu")
-    assert task.source.strip() in text and text.endswith(ASK) and "CPU" in text
+    assert forward_body(task.source) in text and text.endswith(ASK) and "CPU" in text
+    assert "import torch" not in text and forward_body(task.source).startswith("y = ")
     assert "Turn" not in text and "the fast kernel is" not in text
 
 

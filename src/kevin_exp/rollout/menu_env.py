@@ -1,6 +1,6 @@
 """The environment of ``tasks=kernel_menu``: a short menu prompt, and answers read as a letter of the menu.
 
-It is ``KernelEnv`` with two parts swapped: the prompt (the reference program, the menu, and every earlier turn's
+It is ``KernelEnv`` with two parts swapped: the prompt (the reference's forward pass, the menu, and every earlier turn's
 answer with the evaluator's verdict and speedup, plus the order of the menu once a probe has shown it) and the
 reading of a response (the letter named, turned into the kernel it stands for). Evaluation, scoring and the
 feedback text of a verdict are ``KernelEnv``'s own.
@@ -15,14 +15,13 @@ from kevin_exp.rollout.prompts import RESTART, Attempt, feedback_text
 from kevin_exp.tasks import Problem
 from kevin_exp.tasks.kernel_menu import LETTERS, PROBE, MenuProblem, parse_menu_answer
 from kevin_exp.tasks.kernel_menu.answers import OPTIONS
+from kevin_exp.tasks.kernel_menu.menu import forward_body
 
 DEVICE = {"cpu": "CPU", "cuda": "GPU"}
 
-INTRO = (
-    "Make this PyTorch program faster on the {device}. Five C++ kernels for it sit behind the letters A, B, C, D and "
-    "E, in an order you are not told: one is fast, one is slow, two are wrong and one does not build. The answer P "
-    "submits the slow kernel and shows you the order. Each answer is compiled, checked and timed."
-)
+INTRO = "Make this PyTorch forward pass faster on the {device}:"
+MENU = ("C++ kernels A, B, C, D and E compute it: one is fast, one is slow, two are wrong, one does not build, in an "
+        "order you are not told. P submits the slow kernel and shows you the order.")
 ASK = "Answer with one letter: " + ", ".join(OPTIONS[:-1]) + " or " + OPTIONS[-1] + "."
 
 # how the order of the menu reads once a probe has shown it
@@ -44,7 +43,9 @@ def turn_text(i: int, attempt: Attempt, task: MenuProblem) -> str:
 
 
 def menu_prompt(task: MenuProblem, history: list[Attempt], backend: str) -> str:
-    parts = [INTRO.format(device=DEVICE.get(backend, backend)), "```python\n" + task.source.strip() + "\n```"]
+    # the reference's forward pass, not the whole program: every token of the prompt costs a forward and a backward
+    # pass of the policy on a CPU, and the rest of the program (imports, sizes, inputs) is the same for every task
+    parts = [INTRO.format(device=DEVICE.get(backend, backend)) + "\n" + forward_body(task.source), MENU]
     parts += [turn_text(i + 1, a, task) for i, a in enumerate(history)]
     return "\n\n".join([*parts, ASK])
 

@@ -9,7 +9,10 @@ fast from the prompt: only a turn's feedback tells (docs/learning.md).
 """
 from __future__ import annotations
 
+import ast
+import functools
 import itertools
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +60,16 @@ class MenuProblem(Problem):
 
     def solution(self, backend: str) -> str | None:
         return self.program("fast", backend)
+
+
+@functools.lru_cache(maxsize=None)
+def forward_body(source: str) -> str:
+    """The statements of ``Model.forward`` in a reference program, dedented (what the menu prompt shows of it)."""
+    tree = ast.parse(source)
+    model = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model")
+    forward = next(n for n in model.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
+    lines = source.splitlines()[forward.body[0].lineno - 1 : forward.body[-1].end_lineno]
+    return textwrap.dedent("\n".join(lines))
 
 
 def deal_code(deal: tuple[str, ...]) -> str:
