@@ -95,3 +95,23 @@ def test_a_probe_shows_the_order_of_the_menu_from_then_on():
         assert text.index(shown_order(task)) < text.index("Turn 2")
         broken = LETTERS[task.deal.index("broken")]
         assert f"{broken} does not build" in text
+
+
+def test_the_moves_of_a_run_are_read_from_its_transcripts():
+    from kevin_exp.tasks.kernel_menu.moves import deal_of, fast_letter, move_shares
+
+    task = "kernel_menu/level1/2/hbfso"  # C is fast
+    assert deal_of(task) == ("half", "broken", "fast", "slow", "off_by_one") and fast_letter(task) == "C"
+    rows = [
+        # step 1: one trajectory probes then reads the order, one guesses twice, one probes then guesses wrong
+        *[{"step": 1, "task_id": task, "trajectory": 0, "turn": t, "summary": a} for t, a in ((1, "P"), (2, "C"))],
+        *[{"step": 1, "task_id": task, "trajectory": 1, "turn": t, "summary": a} for t, a in ((1, "A"), (2, "B"))],
+        *[{"step": 1, "task_id": task, "trajectory": 2, "turn": t, "summary": a} for t, a in ((1, "P"), (2, ""))],
+        # step 2: no probe
+        *[{"step": 2, "task_id": task, "trajectory": 0, "turn": t, "summary": a} for t, a in ((1, "C"), (2, "C"))],
+    ]
+    shares = move_shares(rows)
+    assert shares[1] == {"probe_first": 2 / 3, "read_after_probe": 1 / 2, "fast_last": 1 / 3}
+    assert shares[2] == {"probe_first": 0.0, "read_after_probe": None, "fast_last": 1.0}
+    with pytest.raises(ValueError, match="not a kernel-menu task id"):
+        deal_of("builtin/level1/3")
