@@ -115,3 +115,19 @@ def test_the_moves_of_a_run_are_read_from_its_transcripts():
     assert shares[2] == {"probe_first": 0.0, "read_after_probe": None, "fast_last": 1.0}
     with pytest.raises(ValueError, match="not a kernel-menu task id"):
         deal_of("builtin/level1/3")
+
+
+@pytest.mark.parametrize("gamma, probe_wins", [(0.0, False), (0.4, True), (1.0, True)])
+def test_only_a_discount_above_zero_credits_the_probe_with_what_it_reveals(gamma, probe_wins):
+    """docs/learning.md's table, through the project's own returns: the expected turn-1 return of a probe (the slow
+    kernel, then the fast one it showed) against a guess (then, best play: repeat a fast one, else guess again)."""
+    from kevin_exp.rl.returns import discounted_returns
+
+    fast, slow = 0.3 + 3.0, 0.4  # the capped fast kernel; the slow kernel (speedup about 0.1)
+    probe = discounted_returns([slow, fast], gamma)[0]
+    outcomes = [  # (probability, turn-1 reward, expected turn-2 reward) of a guess among the five letters
+        (1 / 5, fast, fast), (1 / 5, slow, fast / 4), (3 / 5, 0.0, (fast + slow) / 4)]
+    guess = sum(p * discounted_returns([r1, r2], gamma)[0] for p, r1, r2 in outcomes)
+    assert (probe > guess) is probe_wins, (probe, guess)
+    if probe_wins:
+        assert probe - guess > 0.3  # a margin, not a tie the noise of a timing could flip
