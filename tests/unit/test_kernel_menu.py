@@ -43,8 +43,8 @@ def test_each_kind_is_its_own_program_computing_the_references_function():
     assert len(set(programs.values())) == len(KINDS)
     for program in programs.values():
         assert EXPRESSIONS[task.name] in program and "class ModelNew" in program
-    assert "omp parallel for simd" in programs["fast"] and "'-O3', '-fopenmp'" in programs["fast"]
-    assert "omp" not in programs["slow"] and "'-O1'" in programs["slow"]
+    assert "omp parallel for simd" in programs["fast"] and "'-O3', '-march=native', '-ffast-math', '-fopenmp'" in programs["fast"]
+    assert "omp" not in programs["slow"] and "'-O0'" in programs["slow"] and "accessor" in programs["slow"]
     with pytest.raises(ValueError, match="cpu only"):
         task.program("fast", "cuda")
 
