@@ -398,8 +398,8 @@ class EvaluatorConfig:
 
 @dataclass
 class TasksConfig:
-    # builtin | kernelbench
-    suite: str = choice("builtin", ("builtin", "kernelbench"))
+    # builtin | kernelbench | kernel_menu (answers are a letter of a menu of real kernels: docs/learning.md)
+    suite: str = choice("builtin", ("builtin", "kernelbench", "kernel_menu"))
     # a KernelBench checkout (suite=kernelbench)
     kernelbench_path: Optional[str] = None
     levels: list[int] = each(lambda: [1, 2], bounds=Bounds(ge=1, le=4), non_empty=True)
@@ -407,14 +407,26 @@ class TasksConfig:
     split: str = choice("all", _splits)
     # explicit task ids (empty: every task of the levels and split)
     ids: list[str] = field(default_factory=list)
+    # tasks=kernel_menu: false withholds every earlier turn (answer, verdict, speedup, what a probe showed) from the
+    # next turn's prompt: the control in which feedback cannot help (docs/learning.md)
+    menu_feedback: bool = True
 
     def extra_checks(self, prefix: str) -> list[str]:
         if self.suite == "kernelbench" and not self.kernelbench_path:
             return [f"{prefix}kernelbench_path=null: tasks=kernelbench needs "
                     f"{prefix}kernelbench_path=/path/to/KernelBench"]
-        if self.suite == "builtin" and self.split != "all":
+        if self.suite != "kernelbench" and self.split != "all":
             return [f"{prefix}split={self.split}: Kevin's splits are of KernelBench (tasks=kernelbench); the "
-                    "built-in suite has split=all only"]
+                    f"{self.suite} suite has split=all only"]
+        if self.suite != "kernel_menu" and not self.menu_feedback:
+            return [f"{prefix}menu_feedback=false: a setting of tasks=kernel_menu, but {prefix}suite={self.suite}; "
+                    "leave it out"]
+        if self.suite == "kernel_menu":
+            from kevin_exp.tasks.kernel_menu.menu import menu_levels
+
+            missing = [level for level in self.levels if level not in menu_levels()]
+            if missing:
+                return [f"{prefix}levels={list(self.levels)}: the kernel menu has levels {menu_levels()} only"]
         return []
 
 
@@ -424,7 +436,8 @@ class TrainerConfig:
     backend: str = choice("torch", ("torch", "deepspeed"))
     # auto: cuda when visible (cuda:LOCAL_RANK in a multi-rank run), else cpu; or cpu, cuda, cuda:N
     device: str = "auto"
-    lr: float = number(2e-6, gt=0)
+    # 0: the weights never change (the control a learning run is compared with)
+    lr: float = number(2e-6, ge=0)
     # linear warm-up over this share of the steps, then constant (Kevin: 0.03)
     warmup_ratio: float = number(0.03, ge=0, le=1)
     weight_decay: float = number(0.0, ge=0)
@@ -510,6 +523,20 @@ def _deepspeed_installed() -> bool:
 # TrainerConfig fields that only backend=deepspeed reads
 DEEPSPEED_ONLY = ("micro_batch_tokens", "zero_stage", "offload_optimizer", "offload_params", "bf16",
                   "activation_checkpointing", "deepspeed_config")
+
+
+def kernel_menu_problems(cfg: "TrainConfig") -> list[str]:
+    """What tasks=kernel_menu cannot run with: its kernels are C++ for the cpu backend, and its answers are letters."""
+    if cfg.tasks.suite != "kernel_menu":
+        return []
+    problems = []
+    if cfg.evaluator.backend != "cpu":
+        problems.append(f"evaluator.backend={cfg.evaluator.backend}: tasks=kernel_menu has C++ kernels for the cpu backend "
+                        "only; set evaluator.backend=cpu (experiment=learn_cpu does)")
+    if cfg.rollout.backend == "scripted":
+        problems.append("rollout.backend=scripted answers with whole programs, but tasks=kernel_menu reads a letter of its "
+                        "menu; use rollout.backend=hf")
+    return problems
 
 
 def world_size_problems(cfg: "TrainConfig", world_size: int) -> list[str]:
@@ -636,6 +663,7 @@ class TrainConfig:
                 and not self.model.gradient_checkpointing):
             problems.append(f"trainer.checkpoint_layers={self.trainer.checkpoint_layers}: a share of the checkpointed "
                             "layers, but model.gradient_checkpointing=false; turn it on or leave checkpoint_layers=1")
+        problems += kernel_menu_problems(self)
         from kevin_exp.launch.world import context_from_env
 
         problems += world_size_problems(self, context_from_env().world_size)

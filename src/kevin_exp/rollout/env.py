@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from kevin_exp.rl.reward import turn_score
-from kevin_exp.rollout.parsing import parse_response
+from kevin_exp.rollout.parsing import ParsedResponse, parse_response
 from kevin_exp.rollout.prompts import Attempt, turn_prompt
 from kevin_exp.tasks import Problem
 
@@ -85,13 +85,17 @@ class KernelEnv:
         # lazy: the records' readers (kevin_exp.show, transcripts) import this module and need no evaluator
         from kevin_exp.bench.evaluator import EvalItem
 
-        parsed = [parse_response(text) for text in responses]
+        parsed = [self.parse(t, text) for t, text in zip(tasks, responses)]
         items = [EvalItem(t.problem_id, t.source, p.code) for t, p in zip(tasks, parsed) if p.ok]
         verdicts = iter(self.evaluator.evaluate(items)) if items else iter(())
         return [self._result(p, next(verdicts) if p.ok else None) for p in parsed]
 
     def scorer(self) -> "TurnScorer":
         return _KernelScorer(self)
+
+    def parse(self, task: Problem, text: str) -> ParsedResponse:
+        """The candidate program a response submits (``MenuEnv`` reads a menu letter instead)."""
+        return parse_response(text)
 
     def _result(self, p, verdict) -> TurnResult:
         """A parsed response's result: a format error, or its verdict scored."""
@@ -118,7 +122,7 @@ class _KernelScorer:
     def submit(self, task: Problem, response: str, response_ids: list[int], done: Callable[[TurnResult], None]) -> None:
         from kevin_exp.bench.evaluator import EvalItem  # lazy, as in KernelEnv.step
 
-        p = parse_response(response)
+        p = self.env.parse(task, response)
         if not p.ok:
             done(self.env._result(p, None))
             return

@@ -73,8 +73,12 @@ def load_task_pool(cfg: TasksConfig) -> list[Problem]:
             pool = load_kernelbench(cfg.kernelbench_path, cfg.levels)
         except (FileNotFoundError, ValueError) as e:
             raise TaskPoolError(f"tasks.kernelbench_path={cfg.kernelbench_path}: {e}") from None
+    elif cfg.suite == "kernel_menu":
+        from kevin_exp.tasks.kernel_menu import load_menu
+
+        pool = load_menu(cfg.levels)
     else:
-        raise TaskPoolError(f"tasks.suite={cfg.suite!r}: expected builtin or kernelbench")
+        raise TaskPoolError(f"tasks.suite={cfg.suite!r}: expected builtin, kernelbench or kernel_menu")
     try:
         pool = apply_split(pool, cfg.split)
     except ValueError as e:
@@ -98,8 +102,18 @@ def build_environment(cfg: TrainConfig, vocab_size: int):
         log_dir = r.log_dir or str(Path(cfg.run_dir or ".") / "evaluator-workers")
         settings = RemoteSettings(**{**dataclasses.asdict(r), "job_extra": tuple(r.job_extra), "log_dir": log_dir})
         # each worker's evaluator uses its own job's cores
-        return KernelEnv(RemoteEvaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=r.cores), settings), weights)
+        return kernel_env(cfg, RemoteEvaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=r.cores), settings), weights)
     # this rank's share of the node's cores (thread_count splits them among the node's ranks)
     with rank_gpu_visible():
         evaluator = Evaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=thread_count(cfg.resources)))
+    return kernel_env(cfg, evaluator, weights)
+
+
+def kernel_env(cfg: TrainConfig, evaluator, weights):
+    """The evaluator-backed environment of the run's task suite."""
+
+    if cfg.tasks.suite == "kernel_menu":
+        from kevin_exp.rollout.menu_env import MenuEnv
+
+        return MenuEnv(evaluator, weights, feedback=cfg.tasks.menu_feedback)
     return KernelEnv(evaluator, weights)

@@ -1,0 +1,41 @@
+"""A kernel-menu answer: the first option letter the response names, and the candidate program it stands for.
+
+An answer is a few tokens: ``C``, ``C.``, ``Option C`` or ``P (probe)`` all answer C or P. The first capital letter
+standing alone that names an option counts (so a ``I`` or ``A`` used as a word before it is read as written: the
+policy learns to answer with the letter first). A response naming no option is a format error.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kevin_exp.tasks.kernel_menu.menu import LETTERS, PROBE, MenuProblem
+
+OPTIONS = (*LETTERS, PROBE)
+_OPTION = re.compile(r"(?<![A-Za-z0-9_])([" + "".join(OPTIONS) + r"])(?![A-Za-z0-9_])")
+
+
+@dataclass(frozen=True)
+class MenuAnswer:
+    # the option named ("" when none was)
+    letter: str
+    # the program the evaluator receives (None: a format error)
+    candidate: str | None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.candidate is not None
+
+
+def option_in(text: str) -> str:
+    """The first option letter standing alone in ``text`` ("" when there is none)."""
+    match = _OPTION.search(text)
+    return match.group(1) if match else ""
+
+
+def parse_menu_answer(text: str, problem: MenuProblem, backend: str) -> MenuAnswer:
+    letter = option_in(text)
+    if not letter:
+        return MenuAnswer("", None, f"no option letter found in the answer; answer with one of {', '.join(OPTIONS)}")
+    return MenuAnswer(letter, problem.candidate(letter, backend))
