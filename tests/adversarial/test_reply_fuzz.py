@@ -282,8 +282,13 @@ def test_a_bad_reply_ends_its_candidate_and_kills_its_runner_and_the_next_one_is
                                                                                                  payload, then):
     [attack] = evaluator.evaluate([EvalItem(name, PROBLEM, attack_source(where, payload, then))])
     runner = evaluator.taken[-1]
-    assert attack.status.value in ("forbidden", "crashed"), (attack.status, attack.reason)
-    assert attack.reason.startswith("protocol_violation: "), attack.reason
+    if name == "ready_deep_while_the_reference_checks":
+        # every call is checked before the runner is sent anything more: the forged but well-formed "done" of call 2
+        # is checked at once, and its empty output is wrong, before the bad line is ever read
+        assert attack.status.value == "incorrect", (attack.status, attack.reason)
+    else:
+        assert attack.status.value in ("forbidden", "crashed"), (attack.status, attack.reason)
+        assert attack.reason.startswith("protocol_violation: "), attack.reason
     assert not attack.correct and attack.speedup is None
     assert _gone(runner, evaluator._slots[0]), (f"runner {runner.proc.pid} of {name} is still there "
                                                 f"(returncode {runner.proc.returncode}, {attack.reason})")
