@@ -117,8 +117,14 @@ def hang_then_honest(cfg, problem: str, hang: str, honest: str) -> None:
 
 
 def test_a_hanging_candidate_does_not_leave_the_next_problems_reference_slow(build_cache):
-    hang_then_honest(config(build_cache, hang_s=8.0, memory_limit_gb=4.0, recheck_speedup=1e9, **BOX), PROBLEM,
-                     HOLD_AND_SPIN, HONEST)
+    cfg = config(build_cache, hang_s=8.0, memory_limit_gb=4.0, recheck_speedup=1e9, **BOX)
+    for attempt in range(2):  # measured again on a failure, like judge(): a busy 2-core box's noise rarely repeats
+        try:
+            hang_then_honest(cfg, PROBLEM, HOLD_AND_SPIN, HONEST)
+            return
+        except AssertionError:
+            if attempt == 1:
+                raise
 
 
 @pytest.mark.gpu
