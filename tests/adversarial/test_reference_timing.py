@@ -137,14 +137,20 @@ def test_a_kernel_left_spinning_on_the_device_does_not_slow_the_next_problems_re
 
 def test_rechecked_reference_does_not_drift_on_a_loaded_box(build_cache):
     """Every verdict is re-checked (recheck_speedup below any speedup), each recheck measures the reference again,
-    and the box is loaded by two spinning processes for the whole test: the cached reference time stays within the
-    agreement tolerance of its first value, and every verdict records the reference timings it used."""
+    and the box is loaded by two spinning processes for the whole test. A reference timed while the box is evenly
+    loaded can be quiet and still slow, so a recheck may correct it once; what must not happen is drift: the cached
+    figure changes only when a recheck disagreed and a third measurement confirmed the new figure (both recorded in
+    the cache's history), at most once in six rechecks, and it stands afterwards. Every verdict records the
+    reference timings it used."""
     # (the recheck's and the hidden-time check's own verdicts are not what this is about)
     cfg = config(build_cache, recheck_speedup=0.01, recheck_tolerance=100.0, hidden_time_check=False, **BOX)
     problem = fresh_problem("drift")
+    with Evaluator(cfg) as ev:  # built before the box is loaded: builds are not what this is about
+        for spec in check_candidate(HONEST, cfg.backend, cfg.rules)[0].specs:
+            assert not hasattr(ev._build_future(spec).result(), "log"), "the build failed"
     spin = "import time\nend = time.monotonic() + 600\nwhile time.monotonic() < end: pass"  # bounded, and killed below
     spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
-    values: list[float] = []
+    records: list[dict] = []
     verdicts = []
     try:
         with Evaluator(cfg) as ev:
@@ -153,7 +159,7 @@ def test_rechecked_reference_does_not_drift_on_a_loaded_box(build_cache):
                 verdicts.append(v)
                 record = cached_record(cfg, problem, v.device)
                 if record is not None:
-                    values.append(record["value"])
+                    records.append(record)
     finally:
         for p in spinners:
             p.kill()
@@ -167,7 +173,12 @@ def test_rechecked_reference_does_not_drift_on_a_loaded_box(build_cache):
         if second["how"] != "fresh":  # (fresh: nothing was cached to settle against: every earlier one was noisy)
             assert {"cached_ms", "measured_ms", "decision"} <= set(second["recheck"]), second
         assert ref["value_ms"] == second["value_ms"], (ref, second)  # the speedups divide by the recheck's figure
-    assert values, "no reference timing was ever cached: the box was never quiet enough"
-    drift = [x for x in values if abs(x - values[0]) > cfg.reference_agreement * min(x, values[0])]
-    assert not drift, f"the cached reference drifted: {values}"
-
+    assert records, "no reference timing was ever cached: the box was never quiet enough"
+    values = [r["value"] for r in records]
+    changes = [i for i in range(1, len(records)) if values[i] != values[i - 1]]
+    assert len(changes) <= 1, f"the cached reference drifted: {values}"
+    for i in changes:
+        latest = (records[i].get("disagreements") or [None])[-1]
+        assert latest and "replaces" in latest["decision"], (values, latest)  # a recorded, confirmed replacement
+        assert latest["cached_ms"] == values[i - 1] and records[i]["how"] == "re-measured", (values, latest)
+        assert values[i] in (latest["measured_ms"], latest["third_ms"]), (values, latest)
