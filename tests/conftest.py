@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,21 @@ def _has_gpu() -> bool:
         return False
 
 
+STALE_BUILD_LOCK_S = 20 * 60  # a DeepSpeed op builds in a few minutes here; an older lock was left by a killed build
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A JIT build of a torch extension (DeepSpeed's ops) that was killed leaves its lock file behind, and every
+    later build of that op waits for it forever: such locks are removed before the tests start."""
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    for lock in root.glob("*/*/lock"):
+        try:
+            if time.time() - lock.stat().st_mtime > STALE_BUILD_LOCK_S:
+                lock.unlink()
+        except OSError:
+            continue
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skips = {}
     if not _has_gpu():
@@ -30,6 +46,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, skip in skips.items():
             if marker in item.keywords:
                 item.add_marker(skip)
+        item.add_marker(pytest.mark.xdist_group(run_group(item)))
+    # under `-n N --dist loadgroup --no-loadscope-reorder` the groups are handed out in this order: the two long
+    # groups start first, on workers of their own, and the rest fills the others
+    items.sort(key=lambda item: GROUP_ORDER.get(run_group(item), len(GROUP_ORDER)))
+
+
+# Which tests share a worker when the suite runs in parallel (README's test command). The SLURM tests share one
+# cluster and mostly wait for it; the adversarial tests judge speedups and timings, so they run one after another,
+# never beside each other; every other module keeps its tests (and its module-scoped fixtures) on one worker.
+GROUP_ORDER = {"slurm": 0, "timing": 1}
+
+
+def run_group(item: pytest.Item) -> str:
+    path = Path(str(item.path)).relative_to(Path(__file__).parent)
+    if "slurm" in item.keywords:
+        return "slurm"
+    if path.parts[0] == "adversarial":
+        return "timing"
+    return path.as_posix()
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,20 @@ def summary_lines(run_dir: Path) -> list[str]:
     return lines
 
 
+def improvement_line(metrics: list[dict]) -> str:
+    """Whether the policy improved, in one line: the first step against the mean of the last three (fewer when the
+    run is shorter), by mean reward and share of correct kernels."""
+    if len(metrics) < 2:
+        return "improvement: one step only, nothing to compare"
+    first, last = metrics[0], metrics[-min(3, len(metrics) - 1):]
+    reward = sum(m["reward_mean"] for m in last) / len(last)
+    correct = sum(m["correct_ratio"] for m in last) / len(last)
+    improved = reward > first["reward_mean"] and correct >= first["correct_ratio"]
+    steps = f"step {last[0]['step']}" if len(last) == 1 else f"steps {last[0]['step']}-{last[-1]['step']}"
+    return (f"{'improved' if improved else 'did not improve'}: mean reward {first['reward_mean']:.3f} (step "
+            f"{first['step']}) -> {reward:.3f} ({steps}), correct {first['correct_ratio']:.0%} -> {correct:.0%}")
+
+
 def headline_lines(run_dir: Path, cfg: TrainConfig) -> list[str]:
     """The run in three numbers, where its records are, and what to do next."""
     turns = read_jsonl(run_dir / "turns.jsonl")
@@ -55,7 +69,8 @@ def headline_lines(run_dir: Path, cfg: TrainConfig) -> list[str]:
         return []
     n = len(turns)
     reward = sum(r["score"] for r in turns) / n
-    lines = ["", f"over {n} kernels: mean reward {reward:.3f}, correct {sum(bool(r['correct']) for r in turns) / n:.0%}, "
+    lines = ["", improvement_line(read_jsonl(run_dir / "metrics.jsonl")),
+             f"over {n} kernels: mean reward {reward:.3f}, correct {sum(bool(r['correct']) for r in turns) / n:.0%}, "
              f"format errors {sum(r['status'] == 'format_error' for r in turns) / n:.0%}",
              f"records: {run_dir}/turns.jsonl, metrics.jsonl; transcripts: python -m kevin_exp.show {run_dir}",
              f"plots: python analysis/plots.py {run_dir} --out {run_dir}/plots; "

@@ -1,0 +1,25 @@
+"""The run's closing summary says in one line whether the policy improved: the first step against the last three."""
+from __future__ import annotations
+
+from kevin_exp.records.summary import improvement_line
+
+
+def steps(rewards: list[float], correct: list[float]) -> list[dict]:
+    return [{"step": i + 1, "reward_mean": r, "correct_ratio": c} for i, (r, c) in enumerate(zip(rewards, correct))]
+
+
+def test_a_run_whose_last_steps_beat_its_first_improved():
+    line = improvement_line(steps([0.1, 0.2, 0.5, 0.6, 0.7], [0.1, 0.2, 0.4, 0.5, 0.5]))
+    assert line.startswith("improved:"), line
+    assert "0.100 (step 1) -> 0.600 (steps 3-5)" in line and "10% -> 47%" in line, line
+
+
+def test_a_run_whose_reward_fell_or_whose_correct_share_fell_did_not_improve():
+    assert improvement_line(steps([0.5, 0.4, 0.3, 0.2], [0.5, 0.5, 0.5, 0.5])).startswith("did not improve:")
+    # a higher reward with fewer correct kernels is not an improvement of the policy's kernels
+    assert improvement_line(steps([0.5, 0.9, 0.9, 0.9], [0.6, 0.5, 0.5, 0.5])).startswith("did not improve:")
+
+
+def test_a_short_run_compares_what_it_has():
+    assert "nothing to compare" in improvement_line(steps([0.5], [0.5]))
+    assert "(step 2)" in improvement_line(steps([0.1, 0.3], [0.0, 0.5]))
