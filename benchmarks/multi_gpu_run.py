@@ -67,7 +67,7 @@ def compose(overrides: list[str]):
     from hydra.core.global_hydra import GlobalHydra
 
     from kevin_exp.config import register_configs, to_typed
-    from kevin_exp.hydra_resolvers import register_resolvers
+    from kevin_exp.config.resolvers import register_resolvers
 
     register_configs()
     register_resolvers()

@@ -6,7 +6,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from kevin_exp.config import TrainConfig, register_configs, to_typed
-from kevin_exp.hydra_resolvers import register_resolvers
+from kevin_exp.config.resolvers import register_resolvers
 from kevin_exp.rollout.scripted import ScriptedGenerator  # noqa: F401  (tests import it from here)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"

@@ -10,7 +10,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from kevin_exp.config import TrainConfig
-from kevin_exp.hydra_resolvers import job_dir
+from kevin_exp.config.resolvers import job_dir
 from tests.helpers import CONF_DIR, compose_train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,7 +133,7 @@ def test_every_sweep_file_composes_and_names_itself(sweep):
     from hydra import compose, initialize_config_dir
 
     from kevin_exp.config import register_configs
-    from kevin_exp.hydra_resolvers import register_resolvers
+    from kevin_exp.config.resolvers import register_resolvers
 
     register_configs()
     register_resolvers()
@@ -154,7 +154,7 @@ def test_every_cluster_profile_composes_with_the_resources_it_submits(profile):
     from omegaconf import OmegaConf
 
     from kevin_exp.config import register_configs
-    from kevin_exp.hydra_resolvers import register_resolvers
+    from kevin_exp.config.resolvers import register_resolvers
 
     register_configs()
     register_resolvers()

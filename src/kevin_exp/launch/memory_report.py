@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 
 from kevin_exp.config import TrainConfig, TrainerConfig, register_configs, to_typed, world_size_problems
+from kevin_exp.config.resolvers import register_resolvers
 from kevin_exp.errors import user_errors
-from kevin_exp.hydra_resolvers import register_resolvers
 from kevin_exp.launch.preflight import Composer
 from kevin_exp.launch.resources import MemoryLayout, estimate, fixes_for, layout_of, report_lines
 
