@@ -64,6 +64,12 @@ def test_every_model_option_composes(option):
     assert cfg.model.name == option and cfg.model.params_b > 0
 
 
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF_DIR / "evaluator").glob("*.yaml")))
+def test_every_evaluator_option_composes(option):
+    cfg = compose_train([f"evaluator={option}"])
+    assert cfg.evaluator.to_bench().backend in ("cpu", "cuda")
+
+
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
 def test_every_experiment_composes(experiment):
     cfg = compose_train([f"experiment={experiment}", KB])
