@@ -11,7 +11,7 @@ import torch
 
 from kevin_exp.bench.evaluator import Evaluator
 from kevin_exp.bench.remote import RemoteEvaluator, RemoteSettings
-from kevin_exp.config import TasksConfig, TrainConfig
+from kevin_exp.config import ConfigError, TasksConfig, TrainConfig
 from kevin_exp.errors import UserError
 from kevin_exp.launch.threads import thread_count
 from kevin_exp.launch.world import context_from_env
@@ -26,7 +26,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"trainer.device={name}: no CUDA GPU is visible here; use trainer.device=auto or cpu")
+        raise ConfigError(f"trainer.device={name}: no CUDA GPU is visible on this machine; use trainer.device=auto "
+                          "(cuda when a GPU is visible, else cpu) or trainer.device=cpu")
     ctx = context_from_env()
     if name == "cuda" and ctx.distributed:
         # a launcher that shows each rank only its own GPU leaves it as cuda:0
