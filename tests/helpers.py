@@ -22,4 +22,4 @@ def compose_train(overrides: list[str], run_dir: Path | None = None) -> TrainCon
     register_resolvers()
     extra = [f"run_dir={run_dir}"] if run_dir is not None else ["run_dir=unused"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
-        return to_typed(compose(config_name="train", overrides=[*overrides, *extra]), overrides=[*overrides, *extra])
+        return to_typed(compose(config_name="train", overrides=[*overrides, *extra]))

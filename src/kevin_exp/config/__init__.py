@@ -16,7 +16,7 @@ the composed DictConfig into these objects once (``to_typed``); library code onl
 from __future__ import annotations
 
 from kevin_exp.config.algorithm import AlgorithmConfig
-from kevin_exp.config.compose import ConfigError, config_from_dict, hydra_overrides, reconcile_aliases, to_typed
+from kevin_exp.config.compose import ConfigError, config_from_dict, hydra_overrides, to_typed
 from kevin_exp.config.evaluator import EvaluatorConfig, RemoteEvaluatorConfig
 from kevin_exp.config.launch_settings import LoggerConfig, ResourcesConfig
 from kevin_exp.config.model import MODEL_ARCHS, MODEL_DTYPES, MODEL_SOURCES, ModelConfig
@@ -30,6 +30,6 @@ __all__ = [
     "AlgorithmConfig", "ConfigError", "DEEPSPEED_ONLY", "EvalConfig", "EvaluatorConfig", "LoggerConfig",
     "MODEL_ARCHS", "MODEL_DTYPES", "MODEL_SOURCES", "ModelConfig", "RemoteEvaluatorConfig", "ResourcesConfig",
     "RolloutConfig", "TasksConfig", "TrainConfig", "TrainerConfig", "VLLMConfig", "VLLM_VERSION",
-    "config_from_dict", "hydra_overrides", "kernel_menu_problems", "reconcile_aliases", "register_configs",
+    "config_from_dict", "hydra_overrides", "kernel_menu_problems", "register_configs",
     "to_typed", "world_size_problems",
 ]

@@ -1,4 +1,5 @@
-"""The ``algorithm`` group: the advantage estimator, the loss and the reward's weights."""
+"""The ``algorithm`` group: the advantage estimator, the loss and the reward's weights (the discount ``gamma`` and
+the loss's ``normalization`` are headline settings of the run: ``config/schema.py``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,12 +13,6 @@ def _estimators() -> list[str]:
     return estimators()
 
 
-def _normalizations() -> tuple[str, ...]:
-    from kevin_exp.rl.loss import NORMALIZATIONS
-
-    return NORMALIZATIONS
-
-
 @dataclass
 class AlgorithmConfig:
     # advantage estimator from the registry in kevin_exp.rl.advantages: grpo | trloo
@@ -26,10 +21,6 @@ class AlgorithmConfig:
     scale_by_std: bool = True
     # returns: sum or max over later turns (Kevin section 4.3)
     aggregation: str = choice("sum", ("sum", "max"))
-    # the same setting as the top-level `gamma` (conf/algorithm reads it as ${gamma})
-    gamma: float = number(0.4, ge=0, le=1)
-    # constant | token | sequence; the same setting as the top-level `normalization`
-    normalization: str = choice("constant", _normalizations)
     clip_low: float = number(0.2, ge=0, lt=1)
     clip_high: float = number(0.28, ge=0)
     # KL coefficient; a frozen reference policy is only kept when > 0

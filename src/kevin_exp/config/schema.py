@@ -2,8 +2,8 @@
 
 Headline knobs sit at the top level so sweeps read like the paper (``-m gamma=0.0,0.4,1.0``):
 ``model`` (a group), ``gamma``, ``n_turns``, ``n_trajectories``, ``tasks_per_step``, ``steps``,
-``normalization``, ``seed``. ``algorithm.gamma`` and ``algorithm.normalization`` are the same settings under
-their group's name: whichever of the two a user sets is the value of both (``compose.reconcile_aliases``).
+``normalization``, ``seed``. ``gamma`` and ``normalization`` live only here: the credit, the loss and the records
+all read them from ``TrainConfig``.
 The defaults of these dataclasses are the embedded default run's (``conf/train.yaml`` with its default
 groups); a test holds the two together.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from kevin_exp.config.algorithm import AlgorithmConfig, _normalizations
+from kevin_exp.config.algorithm import AlgorithmConfig
 from kevin_exp.config.evaluator import EvaluatorConfig
 from kevin_exp.config.launch_settings import LoggerConfig, ResourcesConfig
 from kevin_exp.config.model import ModelConfig
@@ -20,6 +20,12 @@ from kevin_exp.config.rollout import RolloutConfig
 from kevin_exp.config.tasks import TasksConfig
 from kevin_exp.config.trainer import TrainerConfig
 from kevin_exp.settings_checks import choice, number
+
+
+def _normalizations() -> tuple[str, ...]:
+    from kevin_exp.rl.loss import NORMALIZATIONS
+
+    return NORMALIZATIONS
 
 
 def kernel_menu_problems(cfg: "TrainConfig") -> list[str]:
@@ -70,11 +76,13 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     # headline knobs (the paper's names; groups interpolate them)
+    # the discount of later turns' scores in a turn's return (Kevin section 4.3)
     gamma: float = number(0.4, ge=0, le=1)
     n_turns: int = number(2, ge=1)
     n_trajectories: int = number(4, ge=1)
     tasks_per_step: int = number(2, ge=1)
     steps: int = number(2, ge=1)
+    # the loss's normalisation of token sums: constant | token | sequence
     normalization: str = choice("constant", _normalizations)
     seed: int = number(0, ge=0)
     # auto: continue from the run dir's latest checkpoint if there is one; never: start over
@@ -90,10 +98,6 @@ class TrainConfig:
 
     def extra_checks(self, prefix: str) -> list[str]:
         problems = []
-        for knob in ("gamma", "normalization"):
-            if getattr(self, knob) != getattr(self.algorithm, knob):
-                problems.append(f"{knob}={getattr(self, knob)} and algorithm.{knob}={getattr(self.algorithm, knob)} "
-                                "disagree: set one of them")
         kv_bytes = self.rollout.vllm.kv_cache_memory_bytes
         if self.rollout.backend == "vllm" and kv_bytes is not None and kv_bytes > self.resources.gpu_memory_gb * 1e9:
             problems.append(f"rollout.vllm.kv_cache_memory_bytes={kv_bytes}: more than the GPU's memory "

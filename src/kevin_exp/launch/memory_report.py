@@ -47,7 +47,7 @@ def layout_for(overrides: list[str]) -> tuple[MemoryLayout, TrainConfig]:
     if not any(o.split("=", 1)[0] in ("tasks", "tasks.suite") for o in composed):
         composed.append("tasks=builtin")  # memory does not depend on the tasks: no KernelBench checkout needed
     cfg = Composer("train").compose([*composed, "run_dir=unused"])
-    typed = to_typed(cfg, overrides=composed)
+    typed = to_typed(cfg)
     x = layout_of(typed)
     if "logprob_tokens" in direct:
         direct["logprob_tokens"] = min(int(direct["logprob_tokens"]), x.logprob_tokens)

@@ -39,8 +39,12 @@ def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
     return []
 
 
+# settings that have one name now: the name they had -> the one they have
+RENAMED = {"algorithm.gamma": "gamma", "algorithm.normalization": "normalization"}
+
+
 def _closest(key: str, known: Iterable[str]) -> str:
-    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    match = [RENAMED[key]] if key in RENAMED else difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     return f" (did you mean {match[0]}?)" if match else ""
 
 
@@ -179,7 +183,7 @@ def preflight(config_name: str, argv: list[str]) -> list[TrainConfig]:
     for point in points:
         cfg = composer.compose(point)
         try:
-            typed = to_typed(cfg, overrides=point)
+            typed = to_typed(cfg)
             if not args.cfg:
                 here = not launched_by_cluster(cfg)  # a cluster's job runs on a node of its own
                 check_run_inputs(typed, composer.entry, memory_check=here, runs_here=here)
