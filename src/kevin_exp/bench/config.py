@@ -134,8 +134,6 @@ class BenchConfig:
     physical_floor: bool = True
     floor_bandwidth_gbs: float = number(0.0, ge=0)
     floor_margin: float = number(0.0, ge=0)
-    # reward cap applied where the reward is computed (0: no cap)
-    max_speedup: float = number(0.0, ge=0)
     compile_timeout_s: float = number(300.0, gt=0)
     # the trial phase's deadline: clamp(hang_floor_s + hang_factor x the reference's time for the whole
     # protocol, hang_floor_s, hang_ceiling_s)

@@ -97,7 +97,7 @@ def build_environment(cfg: TrainConfig, vocab_size: int):
         return SyntheticEnv(target_below=max(1, vocab_size // 8))
     if cfg.rollout.env != "kernel":
         raise ValueError(f"rollout.env={cfg.rollout.env!r}: expected kernel or synthetic")
-    weights = ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight)
+    weights = score_weights(cfg)
     if cfg.evaluator.placement == "remote":
         r = cfg.evaluator.remote
         log_dir = r.log_dir or str(Path(cfg.run_dir or ".") / "evaluator-workers")
@@ -108,6 +108,11 @@ def build_environment(cfg: TrainConfig, vocab_size: int):
     with rank_gpu_visible():
         evaluator = Evaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=thread_count(cfg.resources)))
     return kernel_env(cfg, evaluator, weights)
+
+
+def score_weights(cfg: TrainConfig) -> ScoreWeights:
+    """The reward's settings of a run: the weights (``algorithm.*_weight``) and the cap (``evaluator.max_speedup``)."""
+    return ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight, cfg.evaluator.max_speedup)
 
 
 def kernel_env(cfg: TrainConfig, evaluator, weights):
