@@ -67,14 +67,14 @@ def compose(overrides: list[str]):
     from hydra.core.global_hydra import GlobalHydra
 
     from kevin_exp.config import register_configs, to_typed
-    from kevin_exp.hydra_resolvers import register_resolvers
+    from kevin_exp.config.resolvers import register_resolvers
 
     register_configs()
     register_resolvers()
     overrides = [*overrides, *tokenizer_override(), "run_dir=unused"]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3", job_name="train"):
-        return to_typed(hydra_compose(config_name="train", overrides=overrides), overrides=overrides)
+        return to_typed(hydra_compose(config_name="train", overrides=overrides))
 
 
 def fixed_batch(n: int, seq: int, prompt: int, vocab: int):
@@ -114,7 +114,8 @@ def parity_rank(args: argparse.Namespace) -> None:
     per = args.sequences // ctx.world_size
     share = batch[ctx.rank * per:(ctx.rank + 1) * per]
     learner = DeepSpeedLearner(policy.model, policy.tokenizer.pad_token_id, cfg.trainer, cfg.algorithm,
-                               max_new_tokens=args.seq, total_steps=2, device=device, keep_generator_copy=False)
+                               max_new_tokens=args.seq, total_steps=2, device=device, keep_generator_copy=False,
+                               normalization=cfg.normalization)
     del policy
     setup_s = time.perf_counter() - t0
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in share]

@@ -140,7 +140,8 @@ def one_step(args: argparse.Namespace, schedule: str, policy: Policy, tag: str) 
                             hang_ceiling_s=max(args.hang_floor_s, 30.0), timed_trials=args.timed_trials)
         env = ProgressEnv(Evaluator(bench), schedule)
         learner = TorchLearner(policy.model, policy.tokenizer.pad_token_id, TrainerConfig(micro_batch_size=4),
-                               AlgorithmConfig(), max_new_tokens=4096, total_steps=1, device=device)
+                               AlgorithmConfig(), max_new_tokens=4096, total_steps=1, device=device,
+                               normalization="constant")
         settings = RolloutSettings(args.trajectories, args.turns, max_new_tokens=4096, max_prompt_tokens=8192,
                                    temperature=0.9, top_p=1.0, schedule=schedule)
         tok = policy.tokenizer

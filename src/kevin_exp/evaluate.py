@@ -13,8 +13,8 @@ import hydra
 from omegaconf import DictConfig
 
 from kevin_exp.config import hydra_overrides, register_configs
+from kevin_exp.config.resolvers import register_resolvers
 from kevin_exp.errors import user_errors
-from kevin_exp.hydra_resolvers import register_resolvers
 from kevin_exp.launch.job import job_settings, model_chosen
 from kevin_exp.launch.preflight import preflight
 from kevin_exp.run.evaluation import EvaluationRun, eval_summary_lines

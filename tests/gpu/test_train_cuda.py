@@ -95,7 +95,7 @@ def test_sampler_and_learner_log_probs_on_the_gpu(dtype):
     gens = HFGenerator(policy, 8).generate([[1, 2, 3 + k] for k in range(8)], 64, 0.7, 0.9, seed=3)
     samples = [LearnerSample(g.prompt_ids, g.response_ids, 1.0 - (k % 2), g.logprobs) for k, g in enumerate(gens)]
     learner = TorchLearner(policy.model, policy.tokenizer.pad_token_id, cfg.trainer, cfg.algorithm, 64, 1,
-                           torch.device("cuda"), temperature=0.7, top_p=0.9)
+                           torch.device("cuda"), temperature=0.7, top_p=0.9, normalization=cfg.normalization)
     stats = learner.update(samples, seed=0)
     print(f"{dtype} logprob_diff mean {stats.logprob_diff_mean:.2e} max {stats.logprob_diff_max:.2e}")
     if dtype == "float32":

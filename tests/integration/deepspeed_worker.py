@@ -46,8 +46,8 @@ def main() -> None:
                                 warmup_ratio=0.5, grad_clip=1.0, minibatches=2, micro_batch_tokens=12,
                                 logprob_chunk_tokens=3, dist_timeout_s=60)
         learner = DeepSpeedLearner(policy.model, policy.tokenizer.pad_token_id, trainer,
-                                   AlgorithmConfig(normalization="token"), max_new_tokens=8, total_steps=2,
-                                   device=torch.device("cpu"), load_universal=load_universal)
+                                   AlgorithmConfig(), max_new_tokens=8, total_steps=2,
+                                   device=torch.device("cpu"), load_universal=load_universal, normalization="token")
         return learner, policy.model
 
     def update(name: str, learner: DeepSpeedLearner, model: torch.nn.Module, shift: int) -> None:

@@ -31,8 +31,8 @@ def main() -> None:
                                 grad_clip=1.0, minibatches=1, micro_batch_tokens=12, logprob_chunk_tokens=3,
                                 activation_checkpointing=True, checkpoint_layers=share, dist_timeout_s=60)
         learner = DeepSpeedLearner(policy.model, policy.tokenizer.pad_token_id, trainer,
-                                   AlgorithmConfig(normalization="token"), max_new_tokens=8, total_steps=1,
-                                   device=torch.device("cpu"))
+                                   AlgorithmConfig(), max_new_tokens=8, total_steps=1,
+                                   device=torch.device("cpu"), normalization="token")
         flags = [layer.gradient_checkpointing for layer in checkpointing_layers(learner.engine.module)]
         stats = learner.train_step(TrainBatch(fixed_batch(0), seed=3))
         results[share] = {"flags": flags, "stats": stats,

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "rollout.env=synthetic", "logger.progress=none"]
@@ -57,6 +58,15 @@ def test_train_refuses_a_bad_setting_in_one_line_before_writing_anything(tmp_pat
     assert time.monotonic() - t0 < 60  # long before any model, compiler or cluster would be touched
     assert not (tmp_path / "outputs").exists(), "a refused launch leaves no run folder or ledger line"
 
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is of a machine without a GPU")
+def test_a_gpu_device_on_a_machine_without_one_is_refused_before_the_run_folder_exists(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _run(tmp_path, "-m", "kevin_exp.train", *TINY, "trainer.device=cuda", f"run_dir={run_dir}")
+    _assert_user_error(proc, "trainer.device=cuda: no CUDA GPU is visible on this machine", "trainer.device=auto",
+                       "trainer.device=cpu")
+    assert not run_dir.exists() and not (tmp_path / "outputs").exists(), "no run folder, lock or ledger line"
 
 def test_a_kernelbench_folder_with_the_wrong_layout_names_the_folder_and_the_fix(tmp_path):
     root = _kernelbench_with_wrong_layout(tmp_path)

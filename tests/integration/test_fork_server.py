@@ -99,7 +99,7 @@ def test_closing_the_evaluator_ends_the_server_and_every_runner(build_cache):
 
 
 def test_worker_start_is_refused_unless_fork_or_exec():
-    with pytest.raises(ValueError, match="worker_start='spawn': expected 'fork' or 'exec'"):
+    with pytest.raises(ValueError, match="worker_start='spawn': expected one of fork, exec"):
         BenchConfig(worker_start="spawn")
 
 

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from kevin_exp.bench.evaluator import Evaluator
-from kevin_exp.rollout.env import ScoreWeights
 from kevin_exp.rollout.menu_env import MenuEnv, shown_order
+from kevin_exp.run.setup import score_weights
 from kevin_exp.tasks.kernel_menu import KINDS, LETTERS, PROBE, load_menu
 from tests.helpers import compose_train
 
@@ -20,8 +20,7 @@ def env(build_cache):
     # the evaluator exactly as experiment=learn_cpu sets it, on the session's shared compile cache
     cfg = compose_train(["experiment=learn_cpu"])
     bench = dataclasses.replace(cfg.evaluator.to_bench(), cache_dir=str(build_cache), cpus=2)
-    weights = ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight)
-    menu_env = MenuEnv(Evaluator(bench), weights)
+    menu_env = MenuEnv(Evaluator(bench), score_weights(cfg))
     yield menu_env
     menu_env.close()
 

@@ -36,8 +36,9 @@ def main() -> None:
     trainer = TrainerConfig(backend="deepspeed", zero_stage=3, offload_optimizer="none", bf16=False, lr=1e-2,
                             warmup_ratio=0.5, grad_clip=1.0, minibatches=2, micro_batch_tokens=12,
                             logprob_chunk_tokens=3, dist_timeout_s=60)
-    learner = DeepSpeedLearner(policy.model, policy.tokenizer.pad_token_id, trainer, AlgorithmConfig(normalization="token"),
-                               max_new_tokens=8, total_steps=2, device=device, keep_generator_copy=False)
+    learner = DeepSpeedLearner(policy.model, policy.tokenizer.pad_token_id, trainer, AlgorithmConfig(),
+                               max_new_tokens=8, total_steps=2, device=device, keep_generator_copy=False,
+                               normalization="token")
     assert all(p.is_meta for p in policy.model.parameters()), "the whole model was not released"
     share = [3, 3] if ctx.world_size == 2 else [6]
     start = sum(share[: ctx.rank])

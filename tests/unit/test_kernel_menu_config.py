@@ -20,7 +20,7 @@ def test_learn_cpu_is_smollm2_on_the_kernel_menu_on_the_cpu_backend():
 
 def test_the_gamma_sweep_and_the_controls_compose():
     for gamma in (0.0, 0.4, 1.0):
-        assert compose_train(["experiment=learn_cpu", f"gamma={gamma}"]).algorithm.gamma == gamma
+        assert compose_train(["experiment=learn_cpu", f"gamma={gamma}"]).gamma == gamma
     assert compose_train(["experiment=learn_cpu", "trainer.lr=0"]).trainer.lr == 0.0
     assert compose_train(["experiment=learn_cpu", "tasks.menu_feedback=false"]).tasks.menu_feedback is False
     with pytest.raises(ConfigError, match="trainer.lr=-1"):

@@ -18,8 +18,8 @@ def tiny():
 def _update(tiny, advantages: list[float], normalization: str) -> tuple[float, torch.Tensor]:
     model = load_policy(ModelConfig(name="tiny", source="tiny")).model
     learner = TorchLearner(model, tiny.tokenizer.pad_token_id, TrainerConfig(minibatches=1, micro_batch_size=1, lr=1e-3),
-                      AlgorithmConfig(normalization=normalization), max_new_tokens=8, total_steps=1,
-                      device=torch.device("cpu"))
+                      AlgorithmConfig(), max_new_tokens=8, total_steps=1,
+                      device=torch.device("cpu"), normalization=normalization)
     samples = [LearnerSample([1, 2, 3 + k], [5 + k, 6, 7, 8][: 2 + k], a) for k, a in enumerate(advantages)]
     stats = learner.update(samples, seed=0)
     return stats.grad_norm, model.lm_head.weight.detach().clone()
@@ -37,7 +37,7 @@ def test_skipping_zero_advantage_samples_keeps_the_update_exact(tiny, normalizat
 def test_an_all_zero_batch_still_counts_as_an_optimizer_step(tiny):
     model = load_policy(ModelConfig(name="tiny", source="tiny")).model
     learner = TorchLearner(model, tiny.tokenizer.pad_token_id, TrainerConfig(minibatches=2), AlgorithmConfig(),
-                      max_new_tokens=8, total_steps=1, device=torch.device("cpu"))
+                      max_new_tokens=8, total_steps=1, device=torch.device("cpu"), normalization="constant")
     stats = learner.update([LearnerSample([1, 2], [3, 4], 0.0), LearnerSample([1, 2], [5], 0.0)], seed=0)
     assert stats.gradient_steps == 2 and stats.grad_norm == 0.0
     state = learner.optimizer.state[model.lm_head.weight]
@@ -52,7 +52,7 @@ def _sampled_batch(policy, temperature: float, top_p: float) -> list[LearnerSamp
 
 def _logprob_diff(policy, samples, temperature: float, top_p: float) -> tuple[float, float]:
     learner = TorchLearner(policy.model, policy.tokenizer.pad_token_id, TrainerConfig(minibatches=1), AlgorithmConfig(),
-                           max_new_tokens=12, total_steps=1, device=torch.device("cpu"), temperature=temperature,
+                           max_new_tokens=12, total_steps=1, device=torch.device("cpu"), normalization="constant", temperature=temperature,
                            top_p=top_p)
     stats = learner.update(samples, seed=0)
     return stats.logprob_diff_mean, stats.logprob_diff_max

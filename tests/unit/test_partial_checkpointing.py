@@ -64,7 +64,7 @@ def test_the_torch_learner_applies_it():
     policy = load_policy(ModelConfig(name="tiny", source="tiny", gradient_checkpointing=True))
     learner = TorchLearner(policy.model, policy.tokenizer.pad_token_id,
                            TrainerConfig(minibatches=1, micro_batch_size=2, checkpoint_layers=0.5), AlgorithmConfig(),
-                           max_new_tokens=4, total_steps=1, device=torch.device("cpu"))
+                           max_new_tokens=4, total_steps=1, device=torch.device("cpu"), normalization="constant")
     flags = [layer.gradient_checkpointing for layer in checkpointing_layers(learner.model)]
     assert [i for i, on in enumerate(flags) if on] == checkpointed_layer_indices(len(flags), 0.5)
     stats = learner.update([LearnerSample([1, 2, 3], [4, 5, 6], 1.0), LearnerSample([1, 2], [7, 8], -1.0)], seed=0)

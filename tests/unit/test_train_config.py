@@ -10,7 +10,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from kevin_exp.config import TrainConfig
-from kevin_exp.hydra_resolvers import job_dir
+from kevin_exp.config.resolvers import job_dir
 from tests.helpers import CONF_DIR, compose_train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,20 +48,26 @@ def test_schema_defaults_are_the_embedded_default_run():
 
 def test_headline_knobs_reach_the_groups_that_use_them():
     cfg = compose_train(["gamma=1.0", "normalization=token", "n_turns=3", "model=tiny"])
-    assert cfg.gamma == cfg.algorithm.gamma == 1.0
-    assert cfg.normalization == cfg.algorithm.normalization == "token"
+    assert cfg.gamma == 1.0 and cfg.normalization == "token"
+    assert not hasattr(cfg.algorithm, "gamma") and not hasattr(cfg.algorithm, "normalization")  # one home each
     assert cfg.n_turns == 3 and cfg.model.name == "tiny"
 
 
 def test_trloo_estimator_is_selected_by_name():
     cfg = compose_train(["algorithm=trloo", "gamma=0.0"])
-    assert cfg.algorithm.estimator == "trloo" and cfg.algorithm.scale_by_std is False and cfg.algorithm.gamma == 0.0
+    assert cfg.algorithm.estimator == "trloo" and cfg.algorithm.scale_by_std is False and cfg.gamma == 0.0
 
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml")))
 def test_every_model_option_composes(option):
     cfg = compose_train([f"model={option}"])
     assert cfg.model.name == option and cfg.model.params_b > 0
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF_DIR / "evaluator").glob("*.yaml")))
+def test_every_evaluator_option_composes(option):
+    cfg = compose_train([f"evaluator={option}"])
+    assert cfg.evaluator.to_bench().backend in ("cpu", "cuda")
 
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
@@ -122,7 +128,7 @@ def test_a_kernelbench_run_without_its_folder_fails_naming_the_key(tmp_path):
 def test_the_paper_recipe_carries_the_papers_values():
     cfg = compose_train(["experiment=kevin_32b", KB])
     assert (cfg.tasks_per_step, cfg.n_trajectories, cfg.n_turns, cfg.gamma) == (8, 16, 4, 0.4)
-    assert cfg.algorithm.aggregation == "sum" and cfg.normalization == "constant" == cfg.algorithm.normalization
+    assert cfg.algorithm.aggregation == "sum" and cfg.normalization == "constant"
     assert cfg.trainer.grad_clip == 0.05 and cfg.rollout.temperature == 0.9 and cfg.model.path == "Qwen/QwQ-32B"
     single = compose_train(["experiment=single_turn", KB])
     assert single.n_turns == 1 and single.model.name == "32b"
@@ -133,7 +139,7 @@ def test_every_sweep_file_composes_and_names_itself(sweep):
     from hydra import compose, initialize_config_dir
 
     from kevin_exp.config import register_configs
-    from kevin_exp.hydra_resolvers import register_resolvers
+    from kevin_exp.config.resolvers import register_resolvers
 
     register_configs()
     register_resolvers()
@@ -154,7 +160,7 @@ def test_every_cluster_profile_composes_with_the_resources_it_submits(profile):
     from omegaconf import OmegaConf
 
     from kevin_exp.config import register_configs
-    from kevin_exp.hydra_resolvers import register_resolvers
+    from kevin_exp.config.resolvers import register_resolvers
 
     register_configs()
     register_resolvers()

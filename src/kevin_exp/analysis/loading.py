@@ -29,7 +29,7 @@ class NoRunsFound(UserError):
 class Run:
     run_dir: Path
     config: dict[str, Any]
-    """The resolved config, flattened to dotted keys (``algorithm.gamma``); lists are JSON strings."""
+    """The resolved config, flattened to dotted keys (``algorithm.estimator``); lists are JSON strings."""
     rows: pd.DataFrame
     """``turns.jsonl``: one row per (step, task, trajectory, turn)."""
     metrics: pd.DataFrame

@@ -34,7 +34,7 @@ def varying_keys(runs: Sequence[Run]) -> list[str]:
     """Science keys whose values differ between runs (``seed`` included), in config order.
 
     Aliases collapse to the shortest name: the config exposes headline knobs at top level and groups read them
-    through interpolation (``algorithm.gamma: ${gamma}``), so ``gamma`` and ``algorithm.gamma`` always move
+    through interpolation (older runs record ``algorithm.gamma: ${gamma}``), so ``gamma`` and ``algorithm.gamma`` move
     together; a key is dropped when a shorter key with the same last component has the same value in every run.
     """
     keys = list(dict.fromkeys(k for run in runs for k in run.config))

@@ -1,10 +1,16 @@
-"""Plain dataclasses configuring the evaluator (Hydra-free; the runner builds them from its config)."""
+"""Plain dataclasses configuring the evaluator (Hydra-free).
+
+``BenchConfig`` is the one declaration of the evaluator's settings: each field says what it accepts
+(``choice``/``number``), and one validator (``check_settings``: those limits and ``extra_checks``) refuses a bad
+value whenever one is made. The run's ``evaluator`` group is derived from it field by field
+(``kevin_exp/config/evaluator.py``), so composition checks the same declarations."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
-from kevin_exp.settings_checks import number
+from kevin_exp.settings_checks import check_settings, choice, number
 
 
 @dataclass(frozen=True)
@@ -75,18 +81,18 @@ def _default_tolerances() -> dict[str, Tolerance]:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    backend: str = "cpu"  # "cpu" | "cuda"
-    correctness_trials: int = 5
-    warmup_trials: int = 5
-    timed_trials: int = 100
+    backend: str = choice("cpu", ("cpu", "cuda"))
+    correctness_trials: int = number(5, ge=1)
+    warmup_trials: int = number(5, ge=0)
+    timed_trials: int = number(100, ge=1)
     seed: int = 42
     tolerances: dict[str, Tolerance] = field(default_factory=_default_tolerances)
     # informational flag on a verdict whose speedup is above this (the recheck below is what acts)
-    excessive_speedup: float = 10.0
+    excessive_speedup: float = number(10.0, gt=0)
     # a speedup above this is re-timed in a fresh runner with fresh inputs before it counts
-    recheck_speedup: float = 5.0
+    recheck_speedup: float = number(5.0, gt=0)
     # the two speedups may differ by at most this factor; more makes the verdict `suspect` (scores 0)
-    recheck_tolerance: float = 1.5
+    recheck_tolerance: float = number(1.5, ge=1)
     # The parent's clock brackets each timed call alone (docs/hack_defences.md, "Timing protocol"). The time a
     # speedup uses is max(reported (timing_statistic), least outside - least calibration overhead - hidden_time_slack_ms):
     # a runner that under-reports gains at most hidden_time_slack_ms per call. With hidden_time_check, a run is
@@ -96,13 +102,13 @@ class BenchConfig:
     # the figure a speedup takes from the timed calls (the candidate's and the reference's alike): "min", the
     # fastest call (each on fresh inputs after a cache flush: on the GPU the figure that repeats, docs/hack_defences.md)
     # or "median"
-    timing_statistic: str = "min"
-    hidden_time_factor: float = 0.5
-    hidden_time_slack_ms: float = 0.05
-    hidden_time_suspect_ms: float = 1.0
+    timing_statistic: str = choice("min", ("min", "median"))
+    hidden_time_factor: float = number(0.5, ge=0)
+    hidden_time_slack_ms: float = number(0.05, ge=0)
+    hidden_time_suspect_ms: float = number(1.0, ge=0)
     # a run the hidden-time check flags is measured again in a fresh runner (new seed, new calibration) up to
     # this many times; only a run flagged every time is `suspect`: a lie repeats, a busy machine's noise rarely
-    hidden_time_retries: int = 1
+    hidden_time_retries: int = number(1, ge=0)
     # The reference's timing (docs/hack_defences.md, "Timing protocol"): measured in blocks and taken with
     # timing_statistic, like the candidate's. It is cached only when the relative spread of that statistic between
     # its blocks is at most reference_max_spread (a quiet machine); a noisier one is measured again up to
@@ -111,10 +117,10 @@ class BenchConfig:
     # measurement sides with it; two measurements agree when within the relative reference_agreement (the
     # fidelity goal's worst case, 5%). reference_max_spread 0 is the backend's own: 0.10 on cuda, 0.30 on cpu (a
     # shared CPU's blocks differ by 12-33% under load, where a GPU's agree within a few per cent).
-    reference_max_spread: float = 0.0
-    reference_agreement: float = 0.05
-    reference_retries: int = 2
-    reference_retry_wait_s: float = 1.0
+    reference_max_spread: float = number(0.0, ge=0)
+    reference_agreement: float = number(0.05, gt=0)
+    reference_retries: int = number(2, ge=0)
+    reference_retry_wait_s: float = number(1.0, ge=0)
     # Hidden checks (bench/hidden_checks.py): extra checked calls, untimed, on inputs the prompt never shows: the
     # floating inputs at x1e-3 and x1e3, heavy-tailed (clipped Cauchy) and with sparse spikes
     # (check_distributions), and at a hidden size of the problem (hidden_shape_check: module-level integer sizes
@@ -126,84 +132,63 @@ class BenchConfig:
     # replaces the machine's bandwidth (cuda: the device's rated figure; cpu: a copy measured once per evaluator);
     # the floor is further divided by floor_margin (0: 4 on cpu, 1.5 on cuda)
     physical_floor: bool = True
-    floor_bandwidth_gbs: float = 0.0
-    floor_margin: float = 0.0
-    # reward cap applied where the reward is computed (0: no cap)
-    max_speedup: float = 0.0
-    compile_timeout_s: float = 300.0
+    floor_bandwidth_gbs: float = number(0.0, ge=0)
+    floor_margin: float = number(0.0, ge=0)
+    compile_timeout_s: float = number(300.0, gt=0)
     # the trial phase's deadline: clamp(hang_floor_s + hang_factor x the reference's time for the whole
     # protocol, hang_floor_s, hang_ceiling_s)
-    hang_floor_s: float = 15.0
-    hang_factor: float = 20.0
-    hang_ceiling_s: float = 120.0
+    hang_floor_s: float = number(15.0, gt=0)
+    hang_factor: float = number(20.0, ge=0)
+    hang_ceiling_s: float = number(120.0, gt=0)
     # loading the candidate and constructing ModelNew (it may import a module)
-    load_timeout_s: float = 60.0
+    load_timeout_s: float = number(60.0, gt=0)
     # the trusted reference process prepares inputs and expected outputs in chunks of at most this many bytes
-    chunk_bytes: int = 1 << 30
+    chunk_bytes: int = number(1 << 30, ge=1)
     # the candidate's runner may not create threads or processes once warm (kevin_exp.bench.seccomp)
     forbid_new_tasks: bool = True
     # per-worker resident memory limit (cpu backend also gets an address-space limit)
-    memory_limit_gb: float = 8.0
-    max_output_bytes: int = 1 << 20
-    feedback_chars: int = 2000
-    max_source_bytes: int = 512 * 1024
-    compile_workers: int = 0  # 0: half the cores on cuda, one per core on cpu, within memory
-    cpus: int = 0  # cores the evaluator may use (0: all of the machine's)
-    run_slots: int = 0  # 0: one per visible GPU (cuda) / 1 (cpu)
+    memory_limit_gb: float = number(8.0, gt=0)
+    max_output_bytes: int = number(1 << 20, ge=1)
+    feedback_chars: int = number(2000, ge=0)
+    max_source_bytes: int = number(512 * 1024, ge=1)
+    compile_workers: int = number(0, ge=0)  # 0: half the cores on cuda, one per core on cpu, within memory
+    cpus: int = number(0, ge=0)  # cores the evaluator may use (0: all of the machine's)
+    run_slots: int = number(0, ge=0)  # 0: one per visible GPU (cuda) / 1 (cpu)
     # cores of its own per run slot, kept free of compiles (bench/cpu_split.py); 0: none (the default: on the H100
     # box it gave no throughput); -1: auto (2 per slot on cuda where the evaluator has the process's
     # cores and at least 6 stay for compiles, else none)
-    run_cores: int = 0
+    run_cores: int = number(0, ge=-1)
     # sandboxed workers kept starting per run slot while one runs (a cold start costs ~10 s on a GPU box, a
     # run ~1 s); 0: cores / (2 x run slots), 2 to 8 (cuda) / 1 (cpu, where starting workers would take
     # cores from the timed run)
-    standby_workers: int = 0
-    cache_dir: Path | None = None  # None: $KEVIN_EXP_CACHE or ~/.cache/kevin_exp
-    build_mode: str = "fast"  # "fast" (precompiled headers, lean includes) | "torch" (torch's load_inline)
-    sandbox: str = "auto"  # "auto" | "namespace" | "process"
+    standby_workers: int = number(0, ge=0)
+    # a folder (a str or a Path); None: $KEVIN_EXP_CACHE or ~/.cache/kevin_exp (shared across runs on the machine)
+    cache_dir: Optional[str] = None
+    # fast (precompiled headers, lean includes) | torch (torch's load_inline)
+    build_mode: str = choice("fast", ("fast", "torch"))
+    sandbox: str = choice("auto", ("auto", "namespace", "process"))
     # "fork": runners are forked from a warm fork server (torch imported once); "exec": each starts a fresh
     # interpreter. Where the server cannot fork, runners start the exec way (the verdict's isolation says so).
-    worker_start: str = "fork"
+    worker_start: str = choice("fork", ("fork", "exec"))
     rules: CheckRules = field(default_factory=CheckRules)
 
     def __post_init__(self) -> None:
-        if self.backend not in ("cpu", "cuda"):
-            raise ValueError(f"backend={self.backend!r}: expected 'cpu' or 'cuda'")
-        if self.build_mode not in ("fast", "torch"):
-            raise ValueError(f"build_mode={self.build_mode!r}: expected 'fast' or 'torch'")
-        if self.worker_start not in ("fork", "exec"):
-            raise ValueError(f"worker_start={self.worker_start!r}: expected 'fork' or 'exec'")
-        if self.timing_statistic not in ("min", "median"):
-            raise ValueError(f"timing_statistic={self.timing_statistic!r}: expected 'min' or 'median'")
-        if self.sandbox not in ("auto", "namespace", "process"):
-            raise ValueError(f"sandbox={self.sandbox!r}: expected 'auto', 'namespace' or 'process'")
-        if self.correctness_trials < 1 or self.timed_trials < 1:
-            raise ValueError("correctness_trials and timed_trials must be >= 1")
-        if not 0 < self.hang_floor_s <= self.hang_ceiling_s:
-            raise ValueError(f"hang_floor_s={self.hang_floor_s}, hang_ceiling_s={self.hang_ceiling_s}: expected "
-                             "0 < hang_floor_s <= hang_ceiling_s")
-        if self.hang_factor < 0 or self.load_timeout_s <= 0:
-            raise ValueError("hang_factor must be >= 0 and load_timeout_s > 0")
-        if self.recheck_speedup <= 0 or self.recheck_tolerance < 1:
-            raise ValueError(f"recheck_speedup={self.recheck_speedup}, recheck_tolerance={self.recheck_tolerance}: "
-                             "expected recheck_speedup > 0 and recheck_tolerance >= 1")
-        if self.hidden_time_factor < 0 or self.hidden_time_slack_ms < 0 or self.hidden_time_suspect_ms < 0:
-            raise ValueError("hidden_time_factor, hidden_time_slack_ms and hidden_time_suspect_ms must be >= 0")
-        if self.reference_max_spread < 0 or self.reference_agreement <= 0:
-            raise ValueError(f"reference_max_spread={self.reference_max_spread}, reference_agreement="
-                             f"{self.reference_agreement}: expected > 0")
-        if self.reference_retries < 0 or self.reference_retry_wait_s < 0:
-            raise ValueError(f"reference_retries={self.reference_retries}, reference_retry_wait_s="
-                             f"{self.reference_retry_wait_s}: expected >= 0")
-        if self.hidden_time_retries < 0:
-            raise ValueError(f"hidden_time_retries={self.hidden_time_retries}: expected >= 0")
-        if self.run_cores < -1:
-            raise ValueError(f"run_cores={self.run_cores}: expected -1 (auto), 0 (none) or a number of cores")
-        if self.floor_bandwidth_gbs < 0 or not (self.floor_margin == 0 or self.floor_margin >= 1):
-            raise ValueError(f"floor_bandwidth_gbs={self.floor_bandwidth_gbs}, floor_margin={self.floor_margin}: expected "
-                             "floor_bandwidth_gbs >= 0 (0: the machine's) and floor_margin 0 (the backend's) or >= 1")
-        if self.max_speedup < 0 or self.chunk_bytes < 1:
-            raise ValueError("max_speedup must be >= 0 (0: no cap) and chunk_bytes >= 1")
+        problems = check_settings(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def extra_checks(self, prefix: str) -> list[str]:
+        """The rules across fields (``check_settings`` calls it; the run's evaluator group shares it)."""
+        problems = []
+        for dtype, tol in self.tolerances.items():
+            if tol.atol < 0 or tol.rtol < 0:
+                problems.append(f"{prefix}tolerances.{dtype}: atol and rtol must be >= 0")
+        if 0 < self.floor_margin < 1:
+            problems.append(f"{prefix}floor_margin={self.floor_margin}: expected 0 (the backend's) or >= 1")
+        if self.hang_floor_s > self.hang_ceiling_s:
+            problems.append(f"{prefix}hang_floor_s={self.hang_floor_s} is above {prefix}hang_ceiling_s="
+                            f"{self.hang_ceiling_s}: lower the floor or raise the ceiling")
+        return problems
 
     @property
     def max_reference_spread(self) -> float:

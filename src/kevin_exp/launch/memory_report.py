@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 
 from kevin_exp.config import TrainConfig, TrainerConfig, register_configs, to_typed, world_size_problems
+from kevin_exp.config.resolvers import register_resolvers
 from kevin_exp.errors import user_errors
-from kevin_exp.hydra_resolvers import register_resolvers
 from kevin_exp.launch.preflight import Composer
 from kevin_exp.launch.resources import MemoryLayout, estimate, fixes_for, layout_of, report_lines
 
@@ -47,7 +47,7 @@ def layout_for(overrides: list[str]) -> tuple[MemoryLayout, TrainConfig]:
     if not any(o.split("=", 1)[0] in ("tasks", "tasks.suite") for o in composed):
         composed.append("tasks=builtin")  # memory does not depend on the tasks: no KernelBench checkout needed
     cfg = Composer("train").compose([*composed, "run_dir=unused"])
-    typed = to_typed(cfg, overrides=composed)
+    typed = to_typed(cfg)
     x = layout_of(typed)
     if "logprob_tokens" in direct:
         direct["logprob_tokens"] = min(int(direct["logprob_tokens"]), x.logprob_tokens)

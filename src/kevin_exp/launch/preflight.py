@@ -2,9 +2,9 @@
 
 ``preflight(config_name, argv)`` expands a multirun into its points the way Hydra's basic sweeper does
 (command-line sweeps and a sweep file's ``hydra.sweeper.params``), composes each, and checks its settings
-(``config.to_typed``) and its inputs (tasks, model path, checkpoint, memory: ``check_run_inputs``). A bad
-point is one ``UserError`` naming the setting, the value and what is allowed, raised before any run
-folder, ledger line, model, compiler or cluster is touched. Hydra's own composition errors (an unknown key,
+(``config.to_typed``) and its inputs (tasks, model path, checkpoint, the trainer's GPU, memory:
+``check_run_inputs``). A bad point is one ``UserError`` naming the setting, the value and what is allowed,
+raised before any run folder, ledger line, model, compiler or cluster is touched. Hydra's own composition errors (an unknown key,
 a value of the wrong type, a missing group option) are translated into the same one-line form.
 """
 from __future__ import annotations
@@ -39,8 +39,12 @@ def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
     return []
 
 
+# settings that have one name now: the name they had -> the one they have
+RENAMED = {"algorithm.gamma": "gamma", "algorithm.normalization": "normalization"}
+
+
 def _closest(key: str, known: Iterable[str]) -> str:
-    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    match = [RENAMED[key]] if key in RENAMED else difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     return f" (did you mean {match[0]}?)" if match else ""
 
 
@@ -122,9 +126,27 @@ def launch_points(composer: Composer, overrides: list[str], multirun: bool) -> l
     return [list(point) for batch in batches for point in batch]
 
 
-def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True) -> None:
-    """What a run needs besides valid settings: its tasks, its model's weights, its checkpoint, and (on a
-    GPU) enough memory. Raises a UserError naming the setting and the fix."""
+def check_device(device: str) -> None:
+    """``trainer.device`` names a GPU this machine has (checked where the run runs, before its folder exists)."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    fix = "use trainer.device=auto (cuda when a GPU is visible, else cpu) or trainer.device=cpu"
+    if not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={device}: no CUDA GPU is visible on this machine; {fix}")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"trainer.device={device}: this machine shows {torch.cuda.device_count()} GPU(s) "
+                          f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}); {fix}")
+
+
+def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True, runs_here: bool = True) -> None:
+    """What a run needs besides valid settings: its tasks, its model's weights, its checkpoint, (where it runs
+    on this machine) the GPU its trainer.device names, and (on a GPU) enough memory. Raises a UserError naming
+    the setting and the fix."""
+    if runs_here:
+        check_device(cfg.trainer.device)
     load_task_pool(cfg.tasks)
     check_model_path(cfg.model)
     if entry == "evaluate" and cfg.checkpoint:
@@ -161,9 +183,10 @@ def preflight(config_name: str, argv: list[str]) -> list[TrainConfig]:
     for point in points:
         cfg = composer.compose(point)
         try:
-            typed = to_typed(cfg, overrides=point)
+            typed = to_typed(cfg)
             if not args.cfg:
-                check_run_inputs(typed, composer.entry, memory_check=not launched_by_cluster(cfg))
+                here = not launched_by_cluster(cfg)  # a cluster's job runs on a node of its own
+                check_run_inputs(typed, composer.entry, memory_check=here, runs_here=here)
         except UserError as e:
             swept = [o for o in point if o not in args.overrides]
             raise type(e)(f"{e} (in the sweep point {' '.join(swept)})" if len(points) > 1 else str(e)) from None

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kevin_exp.config import TrainConfig
+from kevin_exp.rl.reward import counted_speedup
 from kevin_exp.rollout.loop import RolloutTimes, TurnSample
 
 # measured, so they differ between two runs of the same settings (a comparison of runs leaves them out)
@@ -37,7 +38,7 @@ def turn_row(run_id: str, split: str, step: int, s: TurnSample, settings: Mappin
     return {
         "run_id": run_id, "split": split, "step": step, "task_id": s.task.problem_id, "level": s.task.level,
         "trajectory": s.trajectory, "turn": s.turn + 1, "status": r.status, "correct": r.correct,
-        "speedup": r.speedup if r.correct else None, "runtime_ms": r.runtime_ms, "ref_runtime_ms": r.ref_runtime_ms,
+        "speedup": counted_speedup(r.correct, r.speedup), "runtime_ms": r.runtime_ms, "ref_runtime_ms": r.ref_runtime_ms,
         "score": r.score, "return": s.ret, "advantage": s.advantage, "response_tokens": len(s.response_ids),
         "prompt_tokens": len(s.prompt_ids), "dropped_attempts": s.dropped_attempts, "truncated": s.truncated,
         "not_okay": is_not_okay(s.text, usual_opening), "excessive_speedup": r.excessive_speedup,
@@ -53,7 +54,7 @@ def metrics_row(run_id: str, step: int, samples: list[TurnSample], stats: Mappin
         turn = [s for s in samples if s.turn == k]
         per_turn.append(sum(s.result.correct for s in turn) / max(1, len(turn)))
     scores = [s.result.score for s in samples]
-    speedups = [s.result.speedup for s in samples if s.result.correct and s.result.speedup is not None]
+    speedups = [x for x in (counted_speedup(s.result.correct, s.result.speedup) for s in samples) if x is not None]
     n = max(1, len(samples))
     row: dict[str, Any] = {
         "run_id": run_id, "step": step, "samples": len(samples),

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
 
 from kevin_exp.records.run_records import fsync_path
+from kevin_exp.rl.reward import counted_speedup
 from kevin_exp.rollout.prompts import feedback_text
 
 if TYPE_CHECKING:
@@ -68,8 +69,7 @@ def transcript_rows(split: str, step: int, samples: Sequence[TurnSample]) -> lis
         rows.append({
             "split": split, "step": step, "task_id": s.task.problem_id, "level": s.task.level,
             "trajectory": s.trajectory, "turn": s.turn + 1, "status": r.status, "correct": r.correct,
-            # as in turns.jsonl: a speedup counts only for a correct kernel
-            "speedup": r.speedup if r.correct else None, "score": r.score, "reason": r.reason,
+            "speedup": counted_speedup(r.correct, r.speedup), "score": r.score, "reason": r.reason,
             "excessive_speedup": r.excessive_speedup, "response": s.text, "kernel": r.attempt.code,
             "summary": r.attempt.summary, "feedback": feedback_text(r.attempt),
             "prompt_tokens": len(s.prompt_ids), "dropped_attempts": s.dropped_attempts,

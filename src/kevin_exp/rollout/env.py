@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from kevin_exp.rl.reward import turn_score
+from kevin_exp.rl.reward import counted_speedup, turn_score
 from kevin_exp.rollout.parsing import ParsedResponse, parse_response
 from kevin_exp.rollout.prompts import Attempt, turn_prompt
 from kevin_exp.tasks import Problem
@@ -35,10 +35,12 @@ class TurnResult:
 
 @dataclass(frozen=True)
 class ScoreWeights:
+    """The reward's settings (a run's: ``run.setup.score_weights``): the weights of a correct kernel and of its
+    speedup, and the cap on the speedup term (0: none)."""
+
     correctness: float = 0.3
     speedup: float = 1.0
-    # cap on the speedup term (None or 0: none); KernelEnv takes the evaluator's max_speedup when this is None
-    max_speedup: float | None = None
+    max_speedup: float = 0.0
 
 
 class TurnScorer(Protocol):
@@ -76,7 +78,6 @@ class KernelEnv:
         self.evaluator = evaluator
         self.backend = evaluator.config.backend
         self.weights = weights
-        self.max_speedup = weights.max_speedup if weights.max_speedup is not None else getattr(evaluator.config, "max_speedup", 0.0)
 
     def prompt(self, task: Problem, history: list[Attempt], max_tokens: int, count_tokens: Callable[[str], int]) -> tuple[str, int]:
         return turn_prompt(task.source, self.backend, history, max_tokens, count_tokens)
@@ -103,8 +104,9 @@ class KernelEnv:
             attempt = Attempt(None, p.summary, "format_error", p.error)
             return TurnResult("format_error", False, 0.0, attempt, reason=p.error)
         v = verdict
-        score = turn_score(v.correct, v.speedup, self.weights.correctness, self.weights.speedup, self.max_speedup)
-        attempt = Attempt(p.code, p.summary, v.status.value, v.feedback, v.speedup if v.correct else None)
+        w = self.weights
+        score = turn_score(v.correct, v.speedup, w.correctness, w.speedup, w.max_speedup)
+        attempt = Attempt(p.code, p.summary, v.status.value, v.feedback, counted_speedup(v.correct, v.speedup))
         return TurnResult(v.status.value, v.correct, score, attempt, v.speedup, v.runtime_ms, v.ref_runtime_ms, v.reason,
                           v.device, v.excessive_speedup, suspect=v.status.value == "suspect")
 

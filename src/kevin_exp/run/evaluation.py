@@ -121,7 +121,7 @@ class EvaluationRun:
                 samples, times = run_rollout(batch, self.generator, self.env, self.parts.encode_prompt,
                                              self.parts.count_tokens, settings, seed=seed,
                                              on_turn=lambda turn, group, s: progress.turn(k, turn, 0, s))
-                assign_credit(samples, cfg.algorithm)
+                assign_credit(samples, cfg)
                 self.records.append_turns([turn_row(self.run_id, "eval", self.policy_step, s, self.settings,
                                                     cfg.model.usual_opening, self.env.backend) for s in samples])
                 self.folder.transcripts.append(number, transcript_rows("eval", number, samples))

@@ -143,7 +143,7 @@ def record_ranks(run_dir: Path) -> None:
 
 
 def provenance_config(cfg: TrainConfig) -> dict[str, Any]:
-    """The settings the run used (after aliases were reconciled), as written to config.json and W&B."""
+    """The settings the run used, as written to config.json and W&B."""
     return dataclasses.asdict(cfg)
 
 

@@ -11,7 +11,7 @@ import torch
 
 from kevin_exp.bench.evaluator import Evaluator
 from kevin_exp.bench.remote import RemoteEvaluator, RemoteSettings
-from kevin_exp.config import TasksConfig, TrainConfig
+from kevin_exp.config import ConfigError, TasksConfig, TrainConfig
 from kevin_exp.errors import UserError
 from kevin_exp.launch.threads import thread_count
 from kevin_exp.launch.world import context_from_env
@@ -26,7 +26,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"trainer.device={name}: no CUDA GPU is visible here; use trainer.device=auto or cpu")
+        raise ConfigError(f"trainer.device={name}: no CUDA GPU is visible on this machine; use trainer.device=auto "
+                          "(cuda when a GPU is visible, else cpu) or trainer.device=cpu")
     ctx = context_from_env()
     if name == "cuda" and ctx.distributed:
         # a launcher that shows each rank only its own GPU leaves it as cuda:0
@@ -96,7 +97,7 @@ def build_environment(cfg: TrainConfig, vocab_size: int):
         return SyntheticEnv(target_below=max(1, vocab_size // 8))
     if cfg.rollout.env != "kernel":
         raise ValueError(f"rollout.env={cfg.rollout.env!r}: expected kernel or synthetic")
-    weights = ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight)
+    weights = score_weights(cfg)
     if cfg.evaluator.placement == "remote":
         r = cfg.evaluator.remote
         log_dir = r.log_dir or str(Path(cfg.run_dir or ".") / "evaluator-workers")
@@ -107,6 +108,11 @@ def build_environment(cfg: TrainConfig, vocab_size: int):
     with rank_gpu_visible():
         evaluator = Evaluator(dataclasses.replace(cfg.evaluator.to_bench(), cpus=thread_count(cfg.resources)))
     return kernel_env(cfg, evaluator, weights)
+
+
+def score_weights(cfg: TrainConfig) -> ScoreWeights:
+    """The reward's settings of a run: the weights (``algorithm.*_weight``) and the cap (``evaluator.max_speedup``)."""
+    return ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight, cfg.evaluator.max_speedup)
 
 
 def kernel_env(cfg: TrainConfig, evaluator, weights):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from kevin_exp.config import AlgorithmConfig, TrainConfig
+from kevin_exp.config import TrainConfig
 from kevin_exp.rl.credit import turn_credit
 from kevin_exp.rollout.loop import RolloutSettings, TurnSample
 from kevin_exp.tasks import Problem
@@ -16,11 +16,12 @@ def pick_tasks(pool: list[Problem], k: int, seed: int, step: int) -> list[Proble
     return rng.sample(pool, min(k, len(pool)))
 
 
-def assign_credit(samples: list[TurnSample], algo: AlgorithmConfig) -> None:
+def assign_credit(samples: list[TurnSample], cfg: TrainConfig) -> None:
     """Each sample's discounted return and group-normalised advantage (Kevin's per-turn credit)."""
+    algo = cfg.algorithm
     returns, advantages = turn_credit(
         [s.result.score for s in samples], [s.task.problem_id for s in samples], [s.trajectory for s in samples],
-        [s.turn for s in samples], algo.gamma, algo.aggregation, algo.estimator, algo.scale_by_std,
+        [s.turn for s in samples], cfg.gamma, algo.aggregation, algo.estimator, algo.scale_by_std,
     )
     for s, r, a in zip(samples, returns, advantages):
         s.ret, s.advantage = r, a

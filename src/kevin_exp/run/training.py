@@ -209,7 +209,7 @@ class TrainingRun:
                                      rollout_settings(cfg, cfg.n_trajectories, cfg.n_turns, cfg.rollout.schedule),
                                      seed=step_seed(cfg.seed, step) + ctx.rank,
                                      on_turn=lambda turn, group, s: progress.turn(step, turn, group, s) if ctx.is_main else None)
-        assign_credit(samples, cfg.algorithm)
+        assign_credit(samples, cfg)
         return StepRollout(samples, times, staleness, time.perf_counter())
 
     def train_step(self, step: int, rollout: "StepRollout", t_step: float) -> dict[str, Any]:

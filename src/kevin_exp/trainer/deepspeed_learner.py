@@ -60,7 +60,7 @@ class DeepSpeedLearner:
     def __init__(self, model: torch.nn.Module, pad_id: int, trainer: TrainerConfig, algorithm: AlgorithmConfig,
                  max_new_tokens: int, total_steps: int, device: torch.device, temperature: float = 1.0,
                  top_p: float = 1.0, run_dir: str | Path | None = None, load_universal: bool = False,
-                 keep_generator_copy: bool = True) -> None:
+                 keep_generator_copy: bool = True, *, normalization: str) -> None:
         if algorithm.kl_coef > 0:
             raise ValueError("trainer=deepspeed has no reference policy: algorithm.kl_coef must be 0")  # refused at composition
         self.ctx = context_from_env()
@@ -68,6 +68,7 @@ class DeepSpeedLearner:
         join_process_group(self.ctx, device, trainer.dist_timeout_s)
         self.deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
         self.model, self.pad_id, self.cfg, self.algo = model, pad_id, trainer, algorithm
+        self.normalization = normalization  # the run's headline `normalization` of the loss
         self.max_new_tokens, self.device = max_new_tokens, device
         self.temperature, self.top_p = temperature, top_p
         self.world = collectives.world_size()
@@ -194,7 +195,7 @@ class DeepSpeedLearner:
         logp, entropy = self._score(batch, with_entropy=True)
         mask = batch.mask
         adv = torch.tensor([samples[i].advantage for i in micro], dtype=torch.float32, device=self.device)
-        res = clipped_policy_loss(logp, scatter_rows(old, micro, mask), adv, mask, self.algo.normalization,
+        res = clipped_policy_loss(logp, scatter_rows(old, micro, mask), adv, mask, self.normalization,
                                   self.max_new_tokens, self.algo.clip_low, self.algo.clip_high,
                                   total_sequences=n_sequences, total_tokens=n_tokens)
         m = mask.bool()

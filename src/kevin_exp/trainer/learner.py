@@ -90,8 +90,9 @@ def warmup_lambda(trainer: TrainerConfig, total_steps: int) -> Callable[[int], f
 class TorchLearner:
     def __init__(self, model: torch.nn.Module, pad_id: int, trainer: TrainerConfig, algorithm: AlgorithmConfig,
                  max_new_tokens: int, total_steps: int, device: torch.device, temperature: float = 1.0,
-                 top_p: float = 1.0) -> None:
+                 top_p: float = 1.0, *, normalization: str) -> None:
         self.model, self.pad_id, self.cfg, self.algo = model, pad_id, trainer, algorithm
+        self.normalization = normalization  # the run's headline `normalization` of the loss
         self.max_new_tokens, self.device = max_new_tokens, device
         self.temperature, self.top_p = temperature, top_p
         if trainer.checkpoint_layers < 1.0:  # checkpointing itself is model.gradient_checkpointing, enabled at load
@@ -175,7 +176,7 @@ class TorchLearner:
             old_lp = scatter_rows(old, micro, mask)
             ref_lp = scatter_rows(ref, micro, mask) if ref is not None else None
             adv = torch.tensor([samples[i].advantage for i in micro], dtype=torch.float32, device=self.device)
-            res = clipped_policy_loss(logp, old_lp, adv, mask, self.algo.normalization, self.max_new_tokens,
+            res = clipped_policy_loss(logp, old_lp, adv, mask, self.normalization, self.max_new_tokens,
                                       self.algo.clip_low, self.algo.clip_high, ref_lp, self.algo.kl_coef,
                                       total_sequences=len(idx), total_tokens=n_tokens)
             res.loss.backward()

@@ -19,7 +19,7 @@ LearnerBuilder = Callable[[TrainConfig, torch.nn.Module, int, torch.device, bool
 
 def _torch(cfg: TrainConfig, model: torch.nn.Module, pad_id: int, device: torch.device, load_universal: bool) -> Learner:
     return TorchLearner(model, pad_id, cfg.trainer, cfg.algorithm, cfg.rollout.max_new_tokens, cfg.steps, device,
-                        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+                        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, normalization=cfg.normalization)
 
 
 def _deepspeed(cfg: TrainConfig, model: torch.nn.Module, pad_id: int, device: torch.device,
@@ -28,7 +28,7 @@ def _deepspeed(cfg: TrainConfig, model: torch.nn.Module, pad_id: int, device: to
                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, run_dir=cfg.run_dir,
                             load_universal=load_universal,
                             # an engine with its own weights (rollout=vllm) needs no whole copy beside ZeRO-3's
-                            keep_generator_copy=cfg.rollout.backend != "vllm")
+                            keep_generator_copy=cfg.rollout.backend != "vllm", normalization=cfg.normalization)
 
 
 LEARNERS: dict[str, LearnerBuilder] = {"torch": _torch, "deepspeed": _deepspeed}
