@@ -72,7 +72,7 @@ def test_the_hydra_evaluator_settings_reach_the_bench_config():
 
 
 def test_the_reward_reads_its_weights_and_its_cap_from_one_place_and_the_bench_never_sees_them():
-    cfg = compose_train(["evaluator.max_speedup=3", "algorithm.correctness_weight=0.5"])
+    cfg = compose_train(["algorithm.max_speedup=3", "algorithm.correctness_weight=0.5"])
     w = score_weights(cfg)
     assert (w.correctness, w.speedup, w.max_speedup) == (0.5, 1.0, 3.0)
     assert turn_score(True, 40.0, w.correctness, w.speedup, w.max_speedup) == pytest.approx(3.5)

@@ -83,7 +83,8 @@ def test_every_problem_is_named_once_in_one_error():
     assert "gamma=2.0" in text and "n_turns=0" in text
 
 
-@pytest.mark.parametrize("old, name", [("algorithm.gamma", "gamma"), ("algorithm.normalization", "normalization")])
+@pytest.mark.parametrize("old, name", [("algorithm.gamma", "gamma"), ("algorithm.normalization", "normalization"),
+                                       ("evaluator.max_speedup", "algorithm.max_speedup")])
 def test_a_headline_setting_has_one_name_and_its_old_one_points_at_it(old, name):
     from kevin_exp.launch.preflight import Composer
 
@@ -95,7 +96,7 @@ def test_a_headline_setting_has_one_name_and_its_old_one_points_at_it(old, name)
 @pytest.mark.parametrize("override, message", [
     ("evaluator.recheck_tolerance=0.5", "evaluator.recheck_tolerance=0.5: expected >= 1"),
     ("evaluator.hang_floor_s=0", "evaluator.hang_floor_s=0.0: expected > 0"),
-    ("evaluator.max_speedup=-1", "evaluator.max_speedup=-1.0: expected >= 0"),
+    ("algorithm.max_speedup=-1", "algorithm.max_speedup=-1.0: expected >= 0"),
 ])
 def test_the_timing_protocol_settings_are_checked(override, message):
     with pytest.raises(ConfigError) as caught:

@@ -25,7 +25,8 @@ class AlgorithmConfig:
     clip_high: float = number(0.28, ge=0)
     # KL coefficient; a frozen reference policy is only kept when > 0
     kl_coef: float = number(0.0, ge=0)
-    # per-turn score = correctness_weight * correct + speedup_weight * speedup * correct (Kevin 3.2; rl/reward.py), the
-    # speedup capped at evaluator.max_speedup
+    # per-turn score = correctness_weight * correct + speedup_weight * min(speedup, max_speedup) * correct (Kevin 3.2;
+    # rl/reward.py); max_speedup 0: no cap
     correctness_weight: float = number(0.3, ge=0)
     speedup_weight: float = number(1.0, ge=0)
+    max_speedup: float = number(0.0, ge=0)

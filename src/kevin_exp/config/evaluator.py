@@ -55,9 +55,6 @@ class EvaluatorRunSide:
     # local: the evaluator runs on this rank's node; remote: on evaluator workers on other SLURM nodes
     placement: str = choice("local", ("local", "remote"))
     remote: RemoteEvaluatorConfig = field(default_factory=RemoteEvaluatorConfig)
-    # the cap on the reward's speedup term (0: none): a setting of the reward, not of the bench (which never reads
-    # it); run.setup.score_weights reads it with algorithm.correctness_weight and algorithm.speedup_weight
-    max_speedup: float = number(0.0, ge=0)
 
     def extra_checks(self, prefix: str) -> list[str]:
         problems = BenchConfig.extra_checks(self, prefix)  # type: ignore[arg-type]

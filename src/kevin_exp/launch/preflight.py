@@ -40,7 +40,7 @@ def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
 
 
 # settings that have one name now: the name they had -> the one they have
-RENAMED = {"algorithm.gamma": "gamma", "algorithm.normalization": "normalization"}
+RENAMED = {"algorithm.gamma": "gamma", "algorithm.normalization": "normalization", "evaluator.max_speedup": "algorithm.max_speedup"}
 
 
 def _closest(key: str, known: Iterable[str]) -> str:

@@ -111,8 +111,8 @@ def build_environment(cfg: TrainConfig, vocab_size: int):
 
 
 def score_weights(cfg: TrainConfig) -> ScoreWeights:
-    """The reward's settings of a run: the weights (``algorithm.*_weight``) and the cap (``evaluator.max_speedup``)."""
-    return ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight, cfg.evaluator.max_speedup)
+    """The reward's settings of a run: the weights and the cap, all under ``algorithm``."""
+    return ScoreWeights(cfg.algorithm.correctness_weight, cfg.algorithm.speedup_weight, cfg.algorithm.max_speedup)
 
 
 def kernel_env(cfg: TrainConfig, evaluator, weights):
