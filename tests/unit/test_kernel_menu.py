@@ -51,7 +51,7 @@ def test_each_kind_is_its_own_program_computing_the_references_function():
 
 @pytest.mark.parametrize("text, letter", [
     ("C", "C"), (" C.", "C"), ("Option C", "C"), ("P (probe)", "P"), ("I think B", "B"), ("A, then B", "A"),
-    ("E\n", "E"), ("(D)", "D"),
+    ("E\n", "E"), ("(D)", "D"), ("C++ kernel B", "B"), ("A.", "A"), ("A-", "A"),
 ])
 def test_the_first_option_letter_standing_alone_is_the_answer(text, letter):
     assert option_in(text) == letter
@@ -59,7 +59,7 @@ def test_the_first_option_letter_standing_alone_is_the_answer(text, letter):
     assert answer.ok and answer.letter == letter and answer.candidate == MENU[0].candidate(letter, "cpu")
 
 
-@pytest.mark.parametrize("text", ["", "c", "AB", "Faster", "I would pick the fast one", "F", "Q"])
+@pytest.mark.parametrize("text", ["", "c", "AB", "Faster", "I would pick the fast one", "F", "Q", "C++", "C#", "P-value", "A.B"])
 def test_an_answer_naming_no_option_is_a_format_error(text):
     answer = parse_menu_answer(text, MENU[0], "cpu")
     assert not answer.ok and answer.letter == "" and "no option letter" in answer.error

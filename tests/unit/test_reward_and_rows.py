@@ -31,8 +31,8 @@ def test_the_speedup_term_is_capped_only_when_asked():
 
 def _sample(status: str, correct: bool, speedup: float | None) -> TurnSample:
     task = load_builtin()[0]
-    result = TurnResult(status, correct, turn_score(correct, speedup), Attempt("code", "", status, ""), speedup,
-                        suspect=status == "suspect")
+    result = TurnResult(status=status, correct=correct, score=turn_score(correct, speedup),
+                        attempt=Attempt("code", "", status, ""), speedup=speedup, suspect=status == "suspect")
     return TurnSample(task, 0, 0, prompt_ids=[1], response_ids=[1, 2], text="Okay", truncated=False,
                       dropped_attempts=0, result=result)
 

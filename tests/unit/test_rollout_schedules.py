@@ -37,7 +37,8 @@ class DelayedEnv:
 
     def result(self, response_ids: list[int]) -> TurnResult:
         score = sum(response_ids) % 97 / 97
-        return TurnResult("ok", True, score, Attempt(None, "", "ok", f"score {score:.3f}", score), speedup=score)
+        return TurnResult(status="ok", correct=True, score=score, attempt=Attempt(None, "", "ok", f"score {score:.3f}", score),
+                          speedup=score)
 
     def step(self, tasks, responses, response_ids):
         return [self.result(ids) for ids in response_ids]

@@ -90,20 +90,21 @@ def _result(status: str, text: str, rng: random.Random, k: int) -> TurnResult:
     parsed = parse_response(text)
     if status == "format_error":
         assert not parsed.ok
-        return TurnResult("format_error", False, 0.0, Attempt(None, parsed.summary, "format_error", parsed.error),
-                          reason=parsed.error)
+        return TurnResult(status="format_error", correct=False, score=0.0,
+                          attempt=Attempt(None, parsed.summary, "format_error", parsed.error), reason=parsed.error)
     assert parsed.ok
     if status == "ok":
         speedup = round(rng.uniform(0.4, 3.0), 3)
         attempt = Attempt(parsed.code, parsed.summary, "ok", f"correct, {speedup}x", speedup)
-        return TurnResult("ok", True, 0.3 + speedup, attempt, speedup, runtime_ms=0.1, ref_runtime_ms=0.1 * speedup,
-                          reason=f"correct, {speedup}x", device="H100")
+        return TurnResult(status="ok", correct=True, score=0.3 + speedup, attempt=attempt, speedup=speedup, runtime_ms=0.1,
+                          ref_runtime_ms=0.1 * speedup, reason=f"correct, {speedup}x", device="H100")
     if status == "incorrect":
         message = f"output mismatch in trial 1 of 5: max abs diff {rng.uniform(0.01, 9):.4f} > atol 0.01 at index {k}"
-        return TurnResult("incorrect", False, 0.0, Attempt(parsed.code, parsed.summary, "incorrect", message),
-                          reason=message, device="H100")
+        return TurnResult(status="incorrect", correct=False, score=0.0,
+                          attempt=Attempt(parsed.code, parsed.summary, "incorrect", message), reason=message, device="H100")
     log = COMPILE_LOG.format(k=k, line=rng.randint(10, 60), line2=rng.randint(60, 90))
-    return TurnResult("compile_error", False, 0.0, Attempt(parsed.code, parsed.summary, "compile_error", log),
+    return TurnResult(status="compile_error", correct=False, score=0.0,
+                      attempt=Attempt(parsed.code, parsed.summary, "compile_error", log),
                       reason="compile error: identifier is undefined")
 
 

@@ -16,8 +16,10 @@ from kevin_exp.rollout.prompts import Attempt, turn_prompt
 from kevin_exp.tasks import Problem
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TurnResult:
+    """One turn's outcome, from the verdict to the row (``records.rows.turn_row``) under the same names."""
+
     status: str
     correct: bool
     score: float
@@ -102,13 +104,14 @@ class KernelEnv:
         """A parsed response's result: a format error, or its verdict scored."""
         if verdict is None:
             attempt = Attempt(None, p.summary, "format_error", p.error)
-            return TurnResult("format_error", False, 0.0, attempt, reason=p.error)
+            return TurnResult(status="format_error", correct=False, score=0.0, attempt=attempt, reason=p.error)
         v = verdict
         w = self.weights
         score = turn_score(v.correct, v.speedup, w.correctness, w.speedup, w.max_speedup)
         attempt = Attempt(p.code, p.summary, v.status.value, v.feedback, counted_speedup(v.correct, v.speedup))
-        return TurnResult(v.status.value, v.correct, score, attempt, v.speedup, v.runtime_ms, v.ref_runtime_ms, v.reason,
-                          v.device, v.excessive_speedup, suspect=v.status.value == "suspect")
+        return TurnResult(status=v.status.value, correct=v.correct, score=score, attempt=attempt, speedup=v.speedup,
+                          runtime_ms=v.runtime_ms, ref_runtime_ms=v.ref_runtime_ms, reason=v.reason, device=v.device,
+                          excessive_speedup=v.excessive_speedup, suspect=v.status.value == "suspect")
 
     def close(self) -> None:
         self.evaluator.close()
@@ -165,7 +168,7 @@ class SyntheticEnv:
         for ids in response_ids:
             share = sum(1 for i in ids if i < self.target_below) / max(1, len(ids))
             attempt = Attempt(None, "", "ok", f"score {share:.2f}", share)
-            out.append(TurnResult("ok", True, share, attempt, speedup=share))
+            out.append(TurnResult(status="ok", correct=True, score=share, attempt=attempt, speedup=share))
         return out
 
     def scorer(self) -> ScoredAtOnce:

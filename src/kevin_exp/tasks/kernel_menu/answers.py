@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from kevin_exp.tasks.kernel_menu.menu import LETTERS, PROBE, MenuProblem
 
 OPTIONS = (*LETTERS, PROBE)
-_OPTION = re.compile(r"(?<![A-Za-z0-9_])([" + "".join(OPTIONS) + r"])(?![A-Za-z0-9_])")
+# a letter that is part of a name (C++, C#, P-value, A.B) is no answer
+_OPTION = re.compile(r"(?<![A-Za-z0-9_+#.-])([" + "".join(OPTIONS) + r"])(?![A-Za-z0-9_+#]|[.-][A-Za-z0-9])")
 
 
 @dataclass(frozen=True)
