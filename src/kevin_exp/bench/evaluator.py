@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kevin_exp.bench import cpu_split
-from kevin_exp.bench.build import Builder, BuildError, BuildResult, failures, spec_check
+from kevin_exp.bench.build import failures, spec_check
+from kevin_exp.bench.build.builder import Builder, BuildError, BuildResult
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.checks.native import check_native
 from kevin_exp.bench.config import BenchConfig
@@ -51,6 +52,7 @@ from kevin_exp.bench.verdict import (
     needs_remeasure,
     verdict_from_run,
 )
+from kevin_exp.bench.worker.sandbox_setup import SANDBOX_CACHE
 
 MAX_BUILD_ROUNDS = 3
 
@@ -350,8 +352,6 @@ class Evaluator:
     def _worker_path(self, so_path: Path) -> str:
         """Where the worker sees a built module (namespace sandboxes mount the cache read-only)."""
         if self.policy.mode == "namespace":
-            from kevin_exp.bench.worker.sandbox_setup import SANDBOX_CACHE
-
             return str(Path(SANDBOX_CACHE) / Path(so_path).resolve().relative_to(self.cache_dir.resolve()))
         return str(so_path)
 

@@ -11,6 +11,9 @@ import functools
 import os
 import re
 
+from kevin_exp.bench.build import proc
+from kevin_exp.bench.build.flags import LEAN_HEADERS_DIR, cuda_home
+
 _ERROR_LINE = re.compile(r"\berror\b|Error|error:", re.IGNORECASE)
 _NOISE = re.compile(r"^\s*(\[\d+/\d+\]|ninja: |FAILED: |c\+\+ |g\+\+ |/usr/\S*nvcc |nvcc )")
 
@@ -32,10 +35,7 @@ def _toolkit_roots() -> tuple[str, ...]:
     try:
         from torch.utils.cpp_extension import include_paths
 
-        from kevin_exp.bench.build.flags import cuda_home
-        from kevin_exp.bench.build.lean import STATIC_DIR
-
-        roots += [*include_paths(), str(STATIC_DIR)]
+        roots += [*include_paths(), str(LEAN_HEADERS_DIR)]
         if cuda_home():
             roots.append(str(cuda_home()))
     except Exception:  # noqa: BLE001 - without torch, the fixed roots stay
@@ -45,8 +45,6 @@ def _toolkit_roots() -> tuple[str, ...]:
 
 
 def allowed_roots() -> tuple[str, ...]:
-    from kevin_exp.bench.build import proc
-
     return (*_toolkit_roots(), *(str(p) for p in sorted(proc.readable_roots())))
 
 

@@ -8,7 +8,8 @@ import re
 from typing import Callable
 
 from kevin_exp.bench.build import spec_check
-from kevin_exp.bench.checks.native_source import NativeSource, defined_functions, is_word, tokenize
+from kevin_exp.bench.checks.bounds import extension_too_large
+from kevin_exp.bench.checks.deadline import run_checked
 from kevin_exp.bench.checks.rules import (
     KERNEL_RULE,
     SYNC_RULE,
@@ -18,6 +19,7 @@ from kevin_exp.bench.checks.rules import (
     words,
 )
 from kevin_exp.bench.config import CheckRules
+from kevin_exp.bench.native_source import NativeSource, defined_functions, is_word, tokenize
 from kevin_exp.bench.spec import ExtensionSpec
 
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"\n]+)[>"]', re.M)
@@ -194,16 +196,12 @@ _MAX_REPORTED = 20  # violations per extension (the verdict shows the first five
 def check_native(spec: ExtensionSpec, backend: str, rules: CheckRules) -> list[Violation]:
     """Rules on one extension's C++/CUDA sources, under the static checks' deadline and input bounds (a
     checker process that is killed when it runs over; see ``deadline``)."""
-    from kevin_exp.bench.checks.deadline import run_checked
-
-    return run_checked("native", (spec, backend, rules), rules)
+    return run_checked("native", native_violations, (spec, backend, rules), rules)
 
 
 def native_violations(spec: ExtensionSpec, backend: str, rules: CheckRules) -> list[Violation]:
     """The native rules themselves, in this process and without a deadline (``check_native`` runs them in
     the checker process)."""
-    from kevin_exp.bench.checks.bounds import extension_too_large
-
     too_large = extension_too_large(spec, rules)
     if too_large is not None:
         return [too_large]
