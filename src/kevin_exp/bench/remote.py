@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kevin_exp.bench.config import BenchConfig
-from kevin_exp.bench.evaluator import EvalItem, Evaluator, evaluate_in_session
+from kevin_exp.bench.eval_items import EvalItem, evaluate_in_session
+from kevin_exp.bench.evaluator import Evaluator
 from kevin_exp.bench.verdict import Status, Verdict, make_verdict
 
 
