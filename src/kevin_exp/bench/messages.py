@@ -11,9 +11,6 @@ import functools
 import os
 import re
 
-from kevin_exp.bench.build import proc
-from kevin_exp.bench.build.flags import LEAN_HEADERS_DIR, cuda_home
-
 _ERROR_LINE = re.compile(r"\berror\b|Error|error:", re.IGNORECASE)
 _NOISE = re.compile(r"^\s*(\[\d+/\d+\]|ninja: |FAILED: |c\+\+ |g\+\+ |/usr/\S*nvcc |nvcc )")
 
@@ -35,6 +32,9 @@ def _toolkit_roots() -> tuple[str, ...]:
     try:
         from torch.utils.cpp_extension import include_paths
 
+        # the build's modules only here: verdict reads this module, and `import kevin_exp.bench` stays light
+        from kevin_exp.bench.build.flags import LEAN_HEADERS_DIR, cuda_home
+
         roots += [*include_paths(), str(LEAN_HEADERS_DIR)]
         if cuda_home():
             roots.append(str(cuda_home()))
@@ -45,6 +45,8 @@ def _toolkit_roots() -> tuple[str, ...]:
 
 
 def allowed_roots() -> tuple[str, ...]:
+    from kevin_exp.bench.build import proc  # (not at import: see _toolkit_roots)
+
     return (*_toolkit_roots(), *(str(p) for p in sorted(proc.readable_roots())))
 
 
