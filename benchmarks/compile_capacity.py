@@ -24,7 +24,7 @@ from pathlib import Path
 from eval_throughput import box_cpu_times, distinct_items
 
 from kevin_exp.bench import CheckRules
-from kevin_exp.bench.build import Builder
+from kevin_exp.bench.build.builder import Builder
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.spec import ExtensionSpec
 from kevin_exp.tasks import load_builtin

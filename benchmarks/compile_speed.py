@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from kevin_exp.bench.build import Builder, import_extension
+from kevin_exp.bench.build.builder import Builder, import_extension
 from kevin_exp.bench.spec import ExtensionSpec
 
 CPU_SRC = r"""
@@ -57,7 +57,7 @@ import json, sys, time
 import torch
 t0 = time.perf_counter()
 from pathlib import Path
-from kevin_exp.bench.build import Builder, import_extension
+from kevin_exp.bench.build.builder import Builder, import_extension
 from kevin_exp.bench.spec import ExtensionSpec
 args = json.loads(sys.argv[1])
 b = Builder(Path(args["cache"]), backend=args["backend"], mode=args["mode"], cuda_arch=args["arch"])

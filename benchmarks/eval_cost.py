@@ -29,7 +29,8 @@ from pathlib import Path
 from eval_throughput import distinct_items
 
 from kevin_exp.bench import BenchConfig, CheckRules
-from kevin_exp.bench.build import Builder, cache
+from kevin_exp.bench.build import cache
+from kevin_exp.bench.build.builder import Builder
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.evaluator import Evaluator
 from kevin_exp.bench.exchange import ALIGN, new_exchange_fd

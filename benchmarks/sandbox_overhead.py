@@ -14,7 +14,8 @@ import time
 import uuid
 from pathlib import Path
 
-from kevin_exp.bench.build import Builder, proc
+from kevin_exp.bench.build import proc
+from kevin_exp.bench.build.builder import Builder
 from kevin_exp.bench.spec import ExtensionSpec
 
 SRC = ("torch::Tensor f(torch::Tensor x) { auto y = torch::empty_like(x); float* o = y.data_ptr<float>(); "

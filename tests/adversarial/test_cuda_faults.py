@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from kevin_exp.bench.build import BuildError
+from kevin_exp.bench.build.builder import BuildError
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.config import CheckRules
 from kevin_exp.bench.evaluator import EvalItem, Evaluator

@@ -11,7 +11,8 @@ import uuid
 from pathlib import Path
 
 from kevin_exp.bench import Status
-from kevin_exp.bench.build import Builder, BuildError, failures
+from kevin_exp.bench.build import failures
+from kevin_exp.bench.build.builder import Builder, BuildError
 from kevin_exp.bench.evaluator import EvalItem, Evaluator
 from kevin_exp.bench.spec import ExtensionSpec
 from tests.adversarial.attacks import HONEST_KERNEL, PROBLEM, candidate, config
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _MISSING_COMPILER = r"""
 import json, sys
 from pathlib import Path
-from kevin_exp.bench.build import Builder, BuildError
+from kevin_exp.bench.build.builder import Builder, BuildError
 from kevin_exp.bench.spec import ExtensionSpec
 
 builder = Builder(Path(sys.argv[1]), backend="cpu", timeout_s=60)

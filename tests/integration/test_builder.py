@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kevin_exp.bench.build import Builder, BuildError, import_extension
+from kevin_exp.bench.build.builder import Builder, BuildError, import_extension
 from kevin_exp.bench.spec import ExtensionSpec
 
 SALT = uuid.uuid4().hex
@@ -71,7 +71,7 @@ def test_same_spec_again_is_a_fast_hit(builder: Builder, first_build) -> None:
     assert builder.lookup(spec) is not None
     # a fresh process: lookup + import after `import torch`
     code = ("import json, sys, time, torch; from pathlib import Path; t = time.perf_counter()\n"
-            "from kevin_exp.bench.build import Builder, import_extension\n"
+            "from kevin_exp.bench.build.builder import Builder, import_extension\n"
             "from kevin_exp.bench.spec import ExtensionSpec\n"
             "r = Builder(Path(sys.argv[1])).lookup(ExtensionSpec(**json.loads(sys.argv[2])))\n"
             "m = import_extension(r); print(json.dumps([r.cached, time.perf_counter() - t, m.__name__]))")
@@ -92,7 +92,7 @@ def test_lookup_misses_without_building(builder: Builder) -> None:
 _CONCURRENT = r"""
 import json, os, sys
 from pathlib import Path
-from kevin_exp.bench.build import Builder
+from kevin_exp.bench.build.builder import Builder
 from kevin_exp.bench.spec import ExtensionSpec
 r = Builder(Path(sys.argv[1])).build(ExtensionSpec(**json.loads(sys.argv[2])))
 print(json.dumps({"cached": r.cached, "so": str(r.so_path), "pid": os.getpid()}))

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from kevin_exp.bench import runtime_guard
-from kevin_exp.bench.build import Builder, import_extension, op_watch
+from kevin_exp.bench.build import op_watch
+from kevin_exp.bench.build.builder import Builder, import_extension
 from kevin_exp.bench.runtime_guard import block_torch_compute
 from kevin_exp.bench.spec import ExtensionSpec
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import kevin_exp
-from kevin_exp.bench.build import Builder, BuildError, proc
+from kevin_exp.bench.build import proc
+from kevin_exp.bench.build.builder import Builder, BuildError
 from kevin_exp.bench.spec import ExtensionSpec
 
 pytestmark = pytest.mark.skipif(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kevin_exp.bench.build import Builder
+from kevin_exp.bench.build.builder import Builder
 from kevin_exp.bench.spec import ExtensionSpec
 
 pytestmark = [

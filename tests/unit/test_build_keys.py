@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kevin_exp.bench.build import Builder, BuildError, cache, fast, flags, glue, lean
+from kevin_exp.bench.build import cache, fast, flags, glue, lean
+from kevin_exp.bench.build.builder import Builder, BuildError
 from kevin_exp.bench.spec import ExtensionSpec
 
 SRC = "torch::Tensor f(torch::Tensor x) { return x; }"

@@ -88,7 +88,7 @@ def test_the_reference_reads_the_sampled_positions_in_place_from_a_whole_copy():
                                                       ([7, 333], 1, torch.bool), ([4097], float("nan"), torch.float16),
                                                       ([0], 1, torch.uint8)])
 def test_the_poison_is_filled_by_one_thread_as_torch_full_fills_it(shape, fill, dtype):
-    from kevin_exp.bench.worker.runner import _filled
+    from kevin_exp.bench.worker.memory_fill import filled
 
-    got, want = _filled(shape, fill, dtype, CPU), torch.full(shape, fill, dtype=dtype)
+    got, want = filled(shape, fill, dtype, CPU), torch.full(shape, fill, dtype=dtype)
     assert got.shape == want.shape and same_bits(got, want)

@@ -107,7 +107,7 @@ def test_the_schedule_puts_hidden_checks_after_the_correctness_trials_and_each_c
 
 
 def test_a_run_that_raises_or_dies_during_a_hidden_check_is_fed_back_without_the_calls_inputs():
-    from kevin_exp.bench.protocol import RunOutcome
+    from kevin_exp.bench.run_outcome import RunOutcome
     from kevin_exp.bench.verdict import Status, verdict_from_run
     from kevin_exp.bench.worker_process import Ended
 

@@ -6,7 +6,7 @@ import pytest
 
 from kevin_exp.bench.config import BenchConfig
 from kevin_exp.bench.physical_floor import below_floor, cpu_cache_bytes, floor_record, machine_figures
-from kevin_exp.bench.protocol import RunOutcome
+from kevin_exp.bench.run_outcome import RunOutcome
 from kevin_exp.bench.verdict import Status, verdict_from_run
 
 MIB = 1 << 20

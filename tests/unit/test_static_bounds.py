@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kevin_exp.bench import native_source
 from kevin_exp.bench.build import user_flags
-from kevin_exp.bench.checks import check_candidate, deadline, native, native_source, python_reach
+from kevin_exp.bench.checks import check_candidate, deadline, native, python_reach
 from kevin_exp.bench.checks.native import check_native
 from kevin_exp.bench.config import CheckRules
 from kevin_exp.bench.spec import ExtensionSpec

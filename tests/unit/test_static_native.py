@@ -1,4 +1,4 @@
-"""Native rules on what the compiler will see (bench/checks/native.py, native_source.py): Python objects,
+"""Native rules on what the compiler will see (bench/checks/native.py, bench/native_source.py): Python objects,
 processes, dispatcher registration and the preprocessor tricks that hide them are refused; honest twins pass."""
 from __future__ import annotations
 

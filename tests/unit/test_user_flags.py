@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kevin_exp.bench.build import Builder, BuildError
+from kevin_exp.bench.build.builder import Builder, BuildError
 from kevin_exp.bench.build.user_flags import unsafe_flags
 from kevin_exp.bench.checks.native import check_native
 from kevin_exp.bench.config import CheckRules

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from kevin_exp.bench.config import BenchConfig
-from kevin_exp.bench.protocol import RunOutcome, chunk_plan, schedule, trial_limit_s
+from kevin_exp.bench.protocol import chunk_plan, schedule, trial_limit_s
+from kevin_exp.bench.run_outcome import RunOutcome
 from kevin_exp.bench.verdict import (
     Status,
     TimingStats,

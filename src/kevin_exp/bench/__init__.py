@@ -4,11 +4,13 @@ This package knows nothing of RL, Hydra or models. Entry points: ``evaluate`` (b
 ``python -m kevin_exp.bench`` (CLI).
 
 In the evaluator's process, in stage order: ``checks`` (the static rules; ``candidate_source`` finds the
-``load_inline`` specs), ``build`` (compiles and their cache), ``run_slot`` (the serial run stage: a trusted
-``reference_process`` and the candidate's sandboxed runners, ``worker_process`` with ``sandbox`` and
-``uid_lease``), ``protocol`` (one run, in lockstep between the two, tensors through ``exchange``), ``verdict``
-(a verdict, built from what a run left); ``evaluator`` takes a batch through them. Inside the reference
-process: ``reference_server``. Inside each runner: the ``worker`` package.
+``load_inline`` specs, ``native_source`` reads C++/CUDA as the preprocessor does), ``build`` (compiles and their
+cache; the builder is ``build.builder``), ``run_slot`` (the serial run stage: a trusted ``reference_process`` and
+the candidate's sandboxed runners, ``worker_process`` with ``sandbox`` and ``uid_lease``), ``protocol`` (one run,
+in lockstep between the two: the calls in ``trial_calls``, tensors through ``exchange``, what the run left in
+``run_outcome``), ``verdict`` (a verdict, built from what a run left); ``evaluator`` takes a batch through them
+(``eval_items``: what its stages hand one another). Inside the reference process: ``reference_server``. Inside
+each runner: the ``worker`` package.
 """
 from kevin_exp.bench.config import BenchConfig, CheckRules, Tolerance
 from kevin_exp.bench.verdict import Status, TimingStats, Verdict

@@ -18,17 +18,18 @@ import os
 import queue
 import tempfile
 import threading
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kevin_exp.bench import cpu_split
-from kevin_exp.bench.build import Builder, BuildError, BuildResult, failures, spec_check
+from kevin_exp.bench.build import failures, spec_check
+from kevin_exp.bench.build.builder import Builder, BuildError, BuildResult
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.checks.native import check_native
 from kevin_exp.bench.config import BenchConfig
+from kevin_exp.bench.eval_items import WAKE, EvalItem, Pending, ReferencesAhead, evaluate_in_session
 from kevin_exp.bench.fork_client import ForkServer
 from kevin_exp.bench.messages import trim_compiler_log
 from kevin_exp.bench.protocol import RunJob
@@ -51,50 +52,9 @@ from kevin_exp.bench.verdict import (
     needs_remeasure,
     verdict_from_run,
 )
+from kevin_exp.bench.worker.sandbox_setup import SANDBOX_CACHE
 
 MAX_BUILD_ROUNDS = 3
-
-
-@dataclass(frozen=True)
-class EvalItem:
-    problem_id: str
-    reference: str
-    candidate: str
-
-
-@dataclass
-class _Pending:
-    index: int
-    item: EvalItem
-    specs: list[ExtensionSpec]
-    builds: dict[str, BuildResult]
-    compile_s: float = 0.0
-    rounds: int = 0
-
-
-_WAKE = object()  # put on a run queue to make an idle slot look for references to time ahead
-
-
-class _ReferencesAhead:
-    """Reference programs of submitted candidates, for an idle run slot to time before their first run (each once
-    per evaluator; the timings cache on disk keeps them after)."""
-
-    def __init__(self) -> None:
-        self._todo: deque[str] = deque()
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-
-    def add(self, source: str) -> bool:
-        with self._lock:
-            if source in self._seen:
-                return False
-            self._seen.add(source)
-            self._todo.append(source)
-            return True
-
-    def take(self) -> str | None:
-        with self._lock:
-            return self._todo.popleft() if self._todo else None
 
 
 class Evaluator:
@@ -121,7 +81,7 @@ class Evaluator:
                                                 initargs=(self.cpu_split.compiles,))
         self._builds: dict[str, Future] = {}
         self._builds_lock = threading.Lock()
-        self._references_ahead = _ReferencesAhead()
+        self._references_ahead = ReferencesAhead()
         self._run_root = Path(tempfile.mkdtemp(prefix="kevin_exp_run_"))
         # runners are forked from a warm server (no interpreter start or torch import per candidate)
         self.fork_server = (ForkServer(cfg.backend, self._run_root, self.cpu_split.compiles)
@@ -169,7 +129,7 @@ class Evaluator:
 
     # ------------------------------------------------------------------ stages
 
-    def _prepare(self, index: int, item: EvalItem) -> tuple[Verdict | None, _Pending | None, list[Future]]:
+    def _prepare(self, index: int, item: EvalItem) -> tuple[Verdict | None, Pending | None, list[Future]]:
         cfg = self.config
         if len(item.candidate.encode("utf-8", "replace")) > cfg.max_source_bytes:
             return self._verdict(item, Status.FORMAT_ERROR, f"candidate source exceeds {cfg.max_source_bytes} bytes"), None, []
@@ -185,7 +145,7 @@ class Evaluator:
             return self._verdict(item, Status.FORBIDDEN, v.message, rule=v.rule, feedback=text), None, []
         if not _defines_model_new(item.candidate):
             return self._verdict(item, Status.FORMAT_ERROR, "the code defines no class ModelNew"), None, []
-        pending = _Pending(index, item, list(parsed.specs), {})
+        pending = Pending(index, item, list(parsed.specs), {})
         return None, pending, [self._build_future(s) for s in pending.specs]
 
     def _build_future(self, spec: ExtensionSpec) -> Future:
@@ -213,7 +173,7 @@ class Evaluator:
         except Exception as exc:  # noqa: BLE001
             return BuildError(f"build failed: {type(exc).__name__}: {exc}", log=str(exc), kind=failures.INFRA)
 
-    def _when_built(self, pending: _Pending, futures: list[Future], run_queue: queue.Queue, finish) -> None:
+    def _when_built(self, pending: Pending, futures: list[Future], run_queue: queue.Queue, finish) -> None:
         if not futures:
             run_queue.put(pending)
             return
@@ -237,7 +197,7 @@ class Evaluator:
         for fut in futures:
             fut.add_done_callback(done)
 
-    def _collect_builds(self, pending: _Pending, futures: list[Future]) -> Verdict | None:
+    def _collect_builds(self, pending: Pending, futures: list[Future]) -> Verdict | None:
         for spec, fut in zip(pending.specs, futures):
             outcome = fut.result()
             if isinstance(outcome, BuildError):
@@ -262,7 +222,7 @@ class Evaluator:
         return self._verdict(item, Status.COMPILE_ERROR, summary, extra=extra,
                              feedback=trim_compiler_log(error.diagnostics or summary, self.config.feedback_chars))
 
-    def build_now(self, pending: _Pending, spec: ExtensionSpec) -> Verdict | None:
+    def build_now(self, pending: Pending, spec: ExtensionSpec) -> Verdict | None:
         """A spec only known at run time (built dynamically by the candidate): build, then rerun."""
         if len(json.dumps(asdict(spec))) > self.config.max_source_bytes:
             return self._verdict(pending.item, Status.FORMAT_ERROR, f"extension sources exceed {self.config.max_source_bytes} bytes")
@@ -277,7 +237,7 @@ class Evaluator:
 
     # ------------------------------------------------------------------ runs
 
-    def _serve(self, slot: RunSlot, run_queue: queue.Queue[_Pending | None],
+    def _serve(self, slot: RunSlot, run_queue: queue.Queue[Pending | None],
                finish: Callable[[int, Verdict], None]) -> None:
         """A run slot's thread: the built candidates, one at a time, until the queue says stop."""
         slot.start()  # workers start while the batch's first compiles run, not after the first one is built
@@ -291,7 +251,7 @@ class Evaluator:
                 verdict = self._internal_error(pending.item, exc)
             finish(pending.index, verdict)
 
-    def _next_run(self, slot: RunSlot, run_queue: queue.Queue) -> _Pending | None:
+    def _next_run(self, slot: RunSlot, run_queue: queue.Queue) -> Pending | None:
         """The next built candidate (None: stop). While none is waiting, the slot times the references of submitted
         candidates still building: their first runs then find the timing cached instead of measuring it on the
         slot's critical path."""
@@ -305,10 +265,10 @@ class Evaluator:
                         slot.time_reference(source)
                     continue
                 pending = run_queue.get()
-            if pending is not _WAKE:
+            if pending is not WAKE:
                 return pending
 
-    def _run(self, slot: RunSlot, pending: _Pending) -> Verdict:
+    def _run(self, slot: RunSlot, pending: Pending) -> Verdict:
         """Run a candidate; a spec it only builds at run time is checked and built, then it runs again. A run the
         hidden-time check flags is measured again in a fresh runner (``hidden_time_retries``); a speedup above
         ``recheck_speedup`` is re-timed in a fresh runner on fresh inputs before it counts."""
@@ -338,20 +298,18 @@ class Evaluator:
             if verdict is not None:
                 return verdict
 
-    def _judge(self, pending: _Pending, outcome, run_s: float) -> Verdict:
+    def _judge(self, pending: Pending, outcome, run_s: float) -> Verdict:
         cache_hit = all(b.cached for b in pending.builds.values())
         return verdict_from_run(pending.item.problem_id, outcome, self.config, isolation=self.isolation(),
                                 compile_s=pending.compile_s, run_s=run_s, cache_hit=cache_hit)
 
-    def _job(self, pending: _Pending) -> RunJob:
+    def _job(self, pending: Pending) -> RunJob:
         prebuilt = {d: [self._worker_path(b.so_path), b.module_name] for d, b in pending.builds.items()}
         return RunJob(pending.item.reference, pending.item.candidate, prebuilt)
 
     def _worker_path(self, so_path: Path) -> str:
         """Where the worker sees a built module (namespace sandboxes mount the cache read-only)."""
         if self.policy.mode == "namespace":
-            from kevin_exp.bench.worker.sandbox_setup import SANDBOX_CACHE
-
             return str(Path(SANDBOX_CACHE) / Path(so_path).resolve().relative_to(self.cache_dir.resolve()))
         return str(so_path)
 
@@ -407,29 +365,6 @@ def default_compile_workers(backend: str, cores: int, mem_gb: float) -> int:
     return max(1, min(wanted, int(mem_gb // per_build_gb)))
 
 
-def evaluate_in_session(session: Any, items: Sequence[EvalItem], on_verdict: Callable[[Verdict], None] | None,
-                        missing: Callable[[EvalItem, BaseException], Verdict]) -> list[Verdict]:
-    """A batch through a session (local or remote): every item submitted, the verdicts in the items' order once
-    all have landed (``on_verdict`` sees each as it lands); the session is closed after."""
-    results: list[Verdict | None] = [None] * len(items)
-    remaining = threading.Semaphore(0)
-
-    def landed(index: int, verdict: Verdict) -> None:
-        results[index] = verdict
-        if on_verdict is not None:
-            on_verdict(verdict)
-        remaining.release()
-
-    try:
-        for index, item in enumerate(items):
-            session.submit(item, lambda verdict, index=index: landed(index, verdict))
-        for _ in items:
-            remaining.acquire()
-    finally:
-        session.close()
-    return [v if v is not None else missing(items[i], RuntimeError("no verdict")) for i, v in enumerate(results)]
-
-
 class EvalSession:
     """Evaluations submitted one at a time, their verdicts delivered as they land: what ``Evaluator.evaluate``
     does for a batch, open for a rollout that submits each trajectory's turn as soon as it is generated. Static
@@ -439,7 +374,7 @@ class EvalSession:
 
     def __init__(self, evaluator: Evaluator) -> None:
         self.evaluator = evaluator
-        self._run_queue: queue.Queue[_Pending | object | None] = queue.Queue()  # object: _WAKE
+        self._run_queue: queue.Queue[Pending | object | None] = queue.Queue()  # object: WAKE
         self._callbacks: dict[int, Callable[[Verdict], None]] = {}
         self._lock = threading.Lock()
         self._next = 0
@@ -462,7 +397,7 @@ class EvalSession:
             return
         ev._when_built(pending, futures, self._run_queue, self._finish)
         if ev._references_ahead.add(item.reference):
-            self._run_queue.put(_WAKE)
+            self._run_queue.put(WAKE)
 
     def _finish(self, index: int, verdict: Verdict) -> None:
         with self._lock:

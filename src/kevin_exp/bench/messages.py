@@ -32,10 +32,10 @@ def _toolkit_roots() -> tuple[str, ...]:
     try:
         from torch.utils.cpp_extension import include_paths
 
-        from kevin_exp.bench.build.flags import cuda_home
-        from kevin_exp.bench.build.lean import STATIC_DIR
+        # the build's modules only here: verdict reads this module, and `import kevin_exp.bench` stays light
+        from kevin_exp.bench.build.flags import LEAN_HEADERS_DIR, cuda_home
 
-        roots += [*include_paths(), str(STATIC_DIR)]
+        roots += [*include_paths(), str(LEAN_HEADERS_DIR)]
         if cuda_home():
             roots.append(str(cuda_home()))
     except Exception:  # noqa: BLE001 - without torch, the fixed roots stay
@@ -45,7 +45,7 @@ def _toolkit_roots() -> tuple[str, ...]:
 
 
 def allowed_roots() -> tuple[str, ...]:
-    from kevin_exp.bench.build import proc
+    from kevin_exp.bench.build import proc  # (not at import: see _toolkit_roots)
 
     return (*_toolkit_roots(), *(str(p) for p in sorted(proc.readable_roots())))
 

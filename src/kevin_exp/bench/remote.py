@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kevin_exp.bench.config import BenchConfig
-from kevin_exp.bench.evaluator import EvalItem, evaluate_in_session
+from kevin_exp.bench.eval_items import EvalItem, evaluate_in_session
+from kevin_exp.bench.evaluator import Evaluator
 from kevin_exp.bench.verdict import Status, Verdict, make_verdict
 
 
@@ -152,8 +153,6 @@ def evaluate_on_worker(config: BenchConfig, item: EvalItem) -> Verdict:
     with _WORKER_LOCK:
         session = _WORKER.get("session")
         if session is None:
-            from kevin_exp.bench.evaluator import Evaluator
-
             evaluator = Evaluator(config)
             session = _WORKER["session"] = evaluator.session()
     landed = threading.Event()

@@ -5,7 +5,7 @@ ones), as JSON with no NaN/Infinity literals, integers of at most 19 digits, fin
 ``MAX_DEPTH`` levels of nesting, then checked against the declaration of its message type (``RUNNER``): the keys
 it may carry, each one's type and range (ints are never bools, strings and lists are bounded, tensor headers are
 ``exchange.validate``'d). Anything else is a ``ReplyError`` whose text says what was wrong; the caller ends
-the candidate on it (``protocol._answered``). The trusted reference process's lines go through ``parse_line``
+the candidate on it (``run_outcome.answered``). The trusted reference process's lines go through ``parse_line``
 with NaN allowed (a comparison's largest difference may be one) and no schema.
 """
 from __future__ import annotations

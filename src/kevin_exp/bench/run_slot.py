@@ -21,8 +21,9 @@ from kevin_exp.bench.device_gate import DeviceGate
 from kevin_exp.bench.exchange import ALIGN, new_exchange_fd
 from kevin_exp.bench.fork_client import ForkServer
 from kevin_exp.bench.gil_handoff import prompt_handoff
-from kevin_exp.bench.protocol import RunJob, RunOutcome, run_protocol, time_reference_ahead
+from kevin_exp.bench.protocol import RunJob, run_protocol, time_reference_ahead
 from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceProcess, ReferenceTimings
+from kevin_exp.bench.run_outcome import RunOutcome
 from kevin_exp.bench.sandbox import SandboxPolicy
 from kevin_exp.bench.worker_process import WorkerProcess
 

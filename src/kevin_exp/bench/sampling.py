@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from kevin_exp.bench.exchange import HeaderError, read_values
+
 SAMPLE_POSITIONS = 4096
 _FINGERPRINT_ELEMENTS = 4096
 _INT_VIEW = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
@@ -86,8 +88,6 @@ def input_seed(seed: int) -> int:
 def sampled_in_region(header: dict[str, Any], mm: Any, seed: int) -> list[Any]:
     """``sampled`` of the values a validated header describes in the shared region, read in place (only the
     sampled elements are copied out, into host memory): what the reference process checks a call at."""
-    from kevin_exp.bench.exchange import read_values
-
     leaf_headers = header["items"] if header.get("t") in ("list", "tuple") else [header]
     out: list[Any] = []
     for j, h in enumerate(_header_leaves(leaf_headers)):
@@ -135,8 +135,6 @@ def to_host(rows: list[list[Any]]) -> list[list[Any]]:
 
 
 def _plain(v: torch.Tensor) -> None:
-    from kevin_exp.bench.exchange import HeaderError
-
     if type(v) is not torch.Tensor:
         raise HeaderError(f"must be a plain torch.Tensor, got {type(v).__module__}.{type(v).__name__}")
     if v.layout != torch.strided or v.is_meta:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from kevin_exp.bench import jail
 from kevin_exp.bench.uid_lease import UidLease
+from kevin_exp.bench.worker.sandbox_setup import ROOT_ENV
 
 _probe_cache: dict[str, "SandboxPolicy"] = {}
 
@@ -66,8 +67,6 @@ def namespace_cmd(policy: SandboxPolicy | None = None) -> list[str]:
     # CUDA initialisation fails (error 304); it also hides the host's processes from the candidate.
     cmd = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--net", "--ipc", "--uts", "--"]
     if policy is not None and policy.root == "host":
-        from kevin_exp.bench.worker.sandbox_setup import ROOT_ENV
-
         cmd += ["env", f"{ROOT_ENV}=host"]
     return cmd
 

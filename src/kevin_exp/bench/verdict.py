@@ -1,6 +1,6 @@
 """The result of evaluating one (problem, candidate) pair, and how it is built: pure functions, no I/O.
 
-``verdict_from_run`` turns what a run left behind (``protocol.RunOutcome``) into a verdict,
+``verdict_from_run`` turns what a run left behind (``run_outcome.RunOutcome``) into a verdict,
 ``apply_recheck`` settles a too-good speedup against its re-timing; the evaluator's earlier stages
 (format, static rules, compiles) use ``make_verdict`` directly.
 """
@@ -16,7 +16,7 @@ from kevin_exp.bench.messages import trim
 from kevin_exp.bench.physical_floor import below_floor
 
 if TYPE_CHECKING:
-    from kevin_exp.bench.protocol import RunOutcome
+    from kevin_exp.bench.run_outcome import RunOutcome
 
 
 class Status(str, Enum):

@@ -41,7 +41,7 @@ class TurnSample:
     result: TurnResult
     # the generator's log-probs of response_ids as sampled (empty when the generator does not report them)
     logprobs: list[float] = field(default_factory=list)
-    # filled by the learner: the discounted return and the advantage
+    # filled after the rollout by the step (run/step.py, assign_credit): the discounted return and the advantage
     ret: float = 0.0
     advantage: float = 0.0
 

@@ -85,11 +85,8 @@ class Checkpointer:
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
              extra: dict[str, Any] | None = None) -> Path:
         """Writes the checkpoint of the (1-based) step just finished, then prunes older ones."""
-        name = f"step_{step:06d}"
-        final = self.root / name
-        for leftover in self.root.glob(".step_*.tmp"):
-            shutil.rmtree(leftover, ignore_errors=True)
-        tmp = self.root / f".{name}.tmp"
+        final, tmp = self._paths(step)
+        self._clear_leftovers()
         tmp.mkdir(parents=True)
         save_model(model, str(tmp / POLICY_FILE))
         tensors, opt_state = _split_optimizer(optimizer.state_dict())
@@ -98,16 +95,7 @@ class Checkpointer:
         state = {**(extra or {}), "step": step, "optimizer": opt_state, "scheduler": scheduler.state_dict(),
                  "rng": rng_state}
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
-        for path in [*tmp.iterdir(), tmp]:
-            fsync_path(path)
-        if final.exists():  # the same step saved again (a rerun of it): replace it
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        fsync_path(self.root)
-        pointer = self.root / "latest.tmp"
-        pointer.write_text(name)
-        os.replace(pointer, self.root / "latest")
-        self._prune(final)
+        self._publish(tmp, final)
         return final
 
     def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any]:
@@ -128,12 +116,10 @@ class Checkpointer:
     # ------------------------------------------------------------------ DeepSpeed (every rank calls these)
     def save_sharded(self, step: int, learner: Any, extra: dict[str, Any] | None = None) -> Path:
         """The DeepSpeed learner's checkpoint of the step just finished (a collective: every rank calls it)."""
-        name = f"step_{step:06d}"
-        final, tmp = self.root / name, self.root / f".{name}.tmp"
+        final, tmp = self._paths(step)
         rank, main = collectives.rank(), collectives.rank() == 0
         if main:
-            for leftover in self.root.glob(".step_*.tmp"):
-                shutil.rmtree(leftover, ignore_errors=True)
+            self._clear_leftovers()
             tmp.mkdir(parents=True)
         collectives.barrier()
         learner.engine.save_checkpoint(str(tmp), tag=ZERO_TAG, save_latest=False)
@@ -146,16 +132,7 @@ class Checkpointer:
             save_model(_StateHolder(policy_state), str(tmp / POLICY_FILE))
             state = {**(extra or {}), "step": step, "world_size": collectives.world_size(), "backend": "deepspeed"}
             (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
-            for path in [*tmp.rglob("*"), tmp]:
-                fsync_path(path)
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            fsync_path(self.root)
-            pointer = self.root / "latest.tmp"
-            pointer.write_text(name)
-            os.replace(pointer, self.root / "latest")
-            self._prune(final)
+            self._publish(tmp, final)
         collectives.barrier()
         return final
 
@@ -180,6 +157,30 @@ class Checkpointer:
         if rank_file.is_file():  # a rank that did not exist when it was saved keeps its own RNG state
             _set_rng_state(load_file(str(path / f"rng_rank{collectives.rank()}.safetensors")), json.loads(rank_file.read_text()))
         return state
+
+    def _paths(self, step: int) -> tuple[Path, Path]:
+        """Where the checkpoint of ``step`` ends up, and the folder it is written in first."""
+        name = f"step_{step:06d}"
+        return self.root / name, self.root / f".{name}.tmp"
+
+    def _clear_leftovers(self) -> None:
+        """Folders of saves that never finished (a job killed while writing)."""
+        for leftover in self.root.glob(".step_*.tmp"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        """A written checkpoint made the newest: every file on disk, the folder renamed into place (the same step
+        saved again, a rerun of it, replaces it), the ``latest`` pointer moved atomically, older ones pruned."""
+        for path in [*tmp.rglob("*"), tmp]:
+            fsync_path(path)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        fsync_path(self.root)
+        pointer = self.root / "latest.tmp"
+        pointer.write_text(final.name)
+        os.replace(pointer, self.root / "latest")
+        self._prune(final)
 
     def _prune(self, newest: Path) -> None:
         complete = [(step, path) for step, path in _step_dirs(self.root) if _is_complete(path)]

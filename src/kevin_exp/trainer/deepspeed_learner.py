@@ -41,7 +41,15 @@ from kevin_exp.rl.loss import clipped_policy_loss
 from kevin_exp.trainer import collectives
 from kevin_exp.trainer.batching import minibatch_plan, token_micro_batches
 from kevin_exp.trainer.ds_config import run_deepspeed_config
-from kevin_exp.trainer.learner import LearnerSample, TrainBatch, UpdateStats, scatter_rows, warmup_lambda
+from kevin_exp.trainer.learner import (
+    LearnerSample,
+    TrainBatch,
+    UpdateStats,
+    add_micro_batch,
+    scatter_rows,
+    set_means,
+    warmup_lambda,
+)
 from kevin_exp.trainer.logprobs import chunk_count, pack, response_logprobs
 
 DS_CONFIG_FILE = "deepspeed_config.json"
@@ -179,10 +187,8 @@ class DeepSpeedLearner:
         loss, kl, entropy, clip, tokens, dsum, dn = collectives.reduce_values(
             [totals["loss"], totals["kl"], totals["entropy"], totals["clip"], totals["tokens"], diff_sum, diff_n], "sum")
         dmax = collectives.reduce_values([diff_max if diff_max is not None else -1.0], "max")[0]
-        tokens = max(1.0, tokens)
-        stats.loss = loss / max(1, stats.gradient_steps)
+        set_means(stats, loss, kl, entropy, clip, tokens)
         stats.grad_norm = sum(norms) / max(1, len(norms))
-        stats.kl, stats.entropy, stats.clip_fraction = kl / tokens, entropy / tokens, clip / tokens
         stats.logprob_diff_mean, stats.logprob_diff_max = (dsum / dn, dmax) if dn > 0 else (None, None)
         self.last_micro_batches = micro_batches
         self.engine.module.train(was_training)
@@ -198,13 +204,7 @@ class DeepSpeedLearner:
         res = clipped_policy_loss(logp, scatter_rows(old, micro, mask), adv, mask, self.normalization,
                                   self.max_new_tokens, self.algo.clip_low, self.algo.clip_high,
                                   total_sequences=n_sequences, total_tokens=n_tokens)
-        m = mask.bool()
-        k = int(m.sum())
-        totals["loss"] += float(res.loss.detach())
-        totals["tokens"] += k
-        totals["clip"] += res.clip_fraction * k
-        totals["entropy"] += float(entropy[m].sum())
-        totals["kl"] += res.approx_kl * k
+        add_micro_batch(totals, res, logp, entropy, mask)
         return res.loss
 
     def _padding_loss(self) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 
 from kevin_exp.config import AlgorithmConfig, TrainerConfig
 from kevin_exp.models.partial_checkpointing import limit_checkpointing
-from kevin_exp.rl.loss import clipped_policy_loss
+from kevin_exp.rl.loss import LossStats, clipped_policy_loss
 from kevin_exp.trainer.batching import minibatch_plan
 from kevin_exp.trainer.logprobs import pack, response_logprobs
 
@@ -156,10 +156,8 @@ class TorchLearner:
         for idx in minibatch_plan(len(samples), self.cfg.minibatches, self.cfg.epochs, seed):
             totals["norm"] += self._gradient_step(samples, idx, active_set, old, ref, totals)
             stats.gradient_steps += 1
-        tokens = max(1, totals["tokens"])
-        stats.loss = totals["loss"] / max(1, stats.gradient_steps)
+        set_means(stats, totals["loss"], totals["kl"], totals["entropy"], totals["clip"], totals["tokens"])
         stats.grad_norm = totals["norm"] / max(1, stats.gradient_steps)
-        stats.kl, stats.entropy, stats.clip_fraction = totals["kl"] / tokens, totals["entropy"] / tokens, totals["clip"] / tokens
         self.model.train(was_training)
         return stats
 
@@ -180,17 +178,7 @@ class TorchLearner:
                                       self.algo.clip_low, self.algo.clip_high, ref_lp, self.algo.kl_coef,
                                       total_sequences=len(idx), total_tokens=n_tokens)
             res.loss.backward()
-            m = mask.bool()
-            k = int(m.sum())
-            totals["loss"] += float(res.loss.detach())
-            totals["tokens"] += k
-            totals["clip"] += res.clip_fraction * k
-            totals["entropy"] += float(entropy[m].sum())
-            if ref_lp is not None:
-                delta = ref_lp - logp.detach()
-                totals["kl"] += float((torch.exp(delta) - delta - 1.0)[m].sum())
-            else:
-                totals["kl"] += res.approx_kl * k
+            add_micro_batch(totals, res, logp, entropy, mask, ref_lp)
         if not run:
             # a zero gradient still advances AdamW (its moments and step count), as the full computation would
             for p in self.model.parameters():
@@ -201,6 +189,31 @@ class TorchLearner:
         self.optimizer.step()
         self.scheduler.step()
         return norm
+
+
+def add_micro_batch(totals: dict[str, Any], res: LossStats, logp: torch.Tensor, entropy: torch.Tensor,
+                    mask: torch.Tensor, ref_lp: torch.Tensor | None = None) -> None:
+    """One micro-batch's loss, and its sums over response tokens (token count, clipped tokens, entropy, KL), added
+    to ``totals`` (``set_means`` turns them into the step's statistics). The KL is the exact one against the
+    reference policy's log-probs ``ref_lp`` when given, else the loss's own estimate against the old policy."""
+    m = mask.bool()
+    k = int(m.sum())
+    totals["loss"] += float(res.loss.detach())
+    totals["tokens"] += k
+    totals["clip"] += res.clip_fraction * k
+    totals["entropy"] += float(entropy[m].sum())
+    if ref_lp is not None:
+        delta = ref_lp - logp.detach()
+        totals["kl"] += float((torch.exp(delta) - delta - 1.0)[m].sum())
+    else:
+        totals["kl"] += res.approx_kl * k
+
+
+def set_means(stats: UpdateStats, loss: float, kl: float, entropy: float, clip: float, tokens: float) -> None:
+    """The step's statistics from the sums ``add_micro_batch`` made: the loss per gradient step, the rest per token."""
+    tokens = max(1, tokens)
+    stats.loss = loss / max(1, stats.gradient_steps)
+    stats.kl, stats.entropy, stats.clip_fraction = kl / tokens, entropy / tokens, clip / tokens
 
 
 def _logprob_diff(samples: Sequence[LearnerSample], learner_logp: Mapping[int, torch.Tensor]) -> tuple[float | None, float | None]:

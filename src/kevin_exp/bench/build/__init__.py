@@ -1,6 +1,5 @@
-"""Fast, cached builds of candidates' ``load_inline`` extensions (see builder.py)."""
-from __future__ import annotations
+"""Fast, cached builds of candidates' ``load_inline`` extensions (the builder: ``builder.Builder``).
 
-from .builder import Builder, BuildError, BuildResult, import_extension
-
-__all__ = ["BuildError", "BuildResult", "Builder", "import_extension"]
+Nothing is re-exported here, so importing one part of the build (``from kevin_exp.bench.build import proc``)
+does not import the builder and everything it reaches.
+"""

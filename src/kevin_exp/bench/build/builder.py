@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from kevin_exp.bench.messages import drop_foreign_quotes
 from kevin_exp.bench.spec import ExtensionSpec
 
 from . import cache, compiler_input, failures, glue, op_watch, proc, spec_check
@@ -262,8 +263,6 @@ class Builder:
         return {**meta, "steps": info.steps, "binding": info.binding}
 
     def _error(self, res: proc.ProcResult, unit: str, earlier: str = "", timeout_s: float | None = None) -> BuildError:
-        from kevin_exp.bench.messages import drop_foreign_quotes
-
         # the failing compiler's own output first: that is what feedback to a model should show; never
         # a quote of a file outside the candidate's sources and the toolkit's headers
         output = drop_foreign_quotes(res.output)

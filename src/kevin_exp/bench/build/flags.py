@@ -22,6 +22,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+LEAN_HEADERS_DIR = Path(__file__).parent / "lean_headers"  # the lean headers' static part (lean.py), an include dir
+
 
 @dataclass(frozen=True)
 class TorchFlags:

@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 
 from . import cache, failures, proc
-from .flags import toolchain_id, torch_flags
+from .flags import LEAN_HEADERS_DIR, toolchain_id, torch_flags
 
-STATIC_DIR = Path(__file__).parent / "lean_headers"
 LEAN_OPS = ("arange", "empty", "empty_like", "empty_strided", "full", "full_like", "ones", "ones_like",
             "zeros", "zeros_like")
 PCH_HEADER = "torch/extension.h"  # the line torch prepends to every C++ source
@@ -25,8 +24,8 @@ PCH_HEADER = "torch/extension.h"  # the line torch prepends to every C++ source
 
 @functools.lru_cache(maxsize=None)
 def static_digest() -> str:
-    files = sorted(p for p in STATIC_DIR.rglob("*.h"))
-    return cache.digest([(str(p.relative_to(STATIC_DIR)), p.read_text()) for p in files])
+    files = sorted(p for p in LEAN_HEADERS_DIR.rglob("*.h"))
+    return cache.digest([(str(p.relative_to(LEAN_HEADERS_DIR)), p.read_text()) for p in files])
 
 
 def _torch_include() -> Path:
@@ -70,7 +69,7 @@ class LeanHeaders:
             with cache.locked(cache.lock_path(gen)):
                 if not (gen / "kx_ops").is_dir():
                     self._generate(gen)
-        return [STATIC_DIR, gen]
+        return [LEAN_HEADERS_DIR, gen]
 
     def _generate(self, final: Path) -> None:
         tmp = cache.new_tmp_dir(final)
@@ -125,7 +124,7 @@ class PchStore:
 
     def _build(self, flags: list[str], final: Path, key: str) -> Path | None:
         tmp = cache.new_tmp_dir(final)
-        header = STATIC_DIR / PCH_HEADER
+        header = LEAN_HEADERS_DIR / PCH_HEADER
         gch = Path(PCH_HEADER).name + ".gch"
         # written into the job folder itself: a sandboxed compile may write there and nowhere else
         argv = [torch_flags().cxx, *flags, "-x", "c++-header", str(header), "-o", gch]

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from . import cache, proc
+from .flags import torch_flags
 
 LIBRARY = "kx_op_watch.so"
 SOURCE = r"""
@@ -265,8 +266,6 @@ def library_in(cache_root: Path | str) -> Path:
 def build(cache_root: Path, timeout_s: float = 300.0, memory_limit_gb: float = 8.0) -> tuple[Path | None, str]:
     """The library in ``cache_root`` (built now if missing, once across processes) and what happened."""
     import time
-
-    from .flags import torch_flags
 
     final = cache.entry_dir(Path(cache_root), "opwatch", key())
     if (final / LIBRARY).exists():

@@ -28,6 +28,8 @@ from typing import Sequence
 from kevin_exp.bench import jail
 from kevin_exp.bench.uid_lease import UidLease
 
+from .flags import LEAN_HEADERS_DIR, cuda_home
+
 
 @dataclass
 class ProcResult:
@@ -100,10 +102,7 @@ def readable_roots() -> list[Path]:
 
 
 def _toolkit_roots() -> list[str]:
-    from .flags import cuda_home
-    from .lean import STATIC_DIR
-
-    roots = [*jail.python_roots(), str(STATIC_DIR)]
+    roots = [*jail.python_roots(), str(LEAN_HEADERS_DIR)]
     home = cuda_home()
     if home and os.path.isdir(home):
         roots.append(home)

@@ -14,9 +14,10 @@ import re
 from dataclasses import fields
 from typing import Any
 
+from kevin_exp.bench.native_source import defined_functions, is_word, tokenize
 from kevin_exp.bench.spec import ExtensionSpec
 
-from . import user_flags
+from . import proc, user_flags
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_FUNCTIONS = 64
@@ -82,8 +83,6 @@ def _type_problems(spec: ExtensionSpec) -> list[str]:
 
 def defined_names(spec: ExtensionSpec) -> set[str]:
     """Functions the sources define (``name(params) ... {``), and names they assign (``auto f = ...``)."""
-    from kevin_exp.bench.checks.native_source import defined_functions, is_word, tokenize
-
     out: set[str] = set()
     for text in (*spec.cpp_sources, *spec.cuda_sources):
         toks = tokenize(text).tokens
@@ -93,8 +92,6 @@ def defined_names(spec: ExtensionSpec) -> set[str]:
 
 
 def _toolkit_roots() -> list[str]:
-    from . import proc
-
     return [os.path.realpath(r) for r in proc.toolkit_roots()]
 
 

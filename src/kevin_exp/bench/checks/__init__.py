@@ -2,7 +2,7 @@
 docs/static-rules.md).
 
 Python is checked on its AST (``python_ast``, names allowed by ``python_names``); C++/CUDA sources after
-they are tokenised as the preprocessor does (``native_source``, ``native``). Every rule has a switch in
+they are tokenised as the preprocessor does (``bench/native_source``, ``native``). Every rule has a switch in
 ``CheckRules`` (``rules``). ``check_candidate`` runs them all, within input bounds (``bounds``) and under a
 hard deadline (``deadline``: the checks run in a checker process that is killed when it runs over).
 """
@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from kevin_exp.bench.candidate_source import candidate_source, extract_calls
 from kevin_exp.bench.checks.bounds import folding_too_large, source_too_large, tree_too_large
+from kevin_exp.bench.checks.deadline import run_checked
 from kevin_exp.bench.checks.native import check_native, native_violations
 from kevin_exp.bench.checks.python_ast import check_python
 from kevin_exp.bench.checks.rules import Violation
@@ -25,12 +26,10 @@ __all__ = ["check_candidate", "check_native", "candidate_violations", "Violation
 def check_candidate(source: str, backend: str, rules: CheckRules) -> tuple[CandidateSource, list[Violation]]:
     """Parse (SyntaxError/RecursionError/ValueError propagate), extract specs, run all static rules, within
     the input bounds and the deadline (``too_large`` / ``check_deadline`` violations past them)."""
-    from kevin_exp.bench.checks.deadline import run_checked
-
     too_large = source_too_large(source, rules)
     if too_large is not None:
         return CandidateSource(), [too_large]
-    return run_checked("candidate", (source, backend, rules), rules)
+    return run_checked("candidate", candidate_violations, (source, backend, rules), rules)
 
 
 def candidate_violations(source: str, backend: str, rules: CheckRules) -> tuple[CandidateSource, list[Violation]]:

@@ -6,9 +6,10 @@ at most the deadline, then a fresh process. Idle checkers are kept and reused (o
 so a check costs a round trip through a pipe, not a process start; the deadline clock starts once the
 checker is ready, so a slow start on a loaded machine is not charged to the candidate.
 
-``run_checked(kind, args, rules)`` returns what ``checker_process.KINDS[kind](*args)`` returns, re-raises the
-exceptions the checks raise on purpose (``SyntaxError`` and friends), and turns a check that overran or
-whose process died into a ``check_deadline`` violation.
+``run_checked(kind, check, args, rules)`` returns what ``check(*args)`` returns (in the checker process:
+``checker_process.KINDS[kind]``, the same function), re-raises the exceptions the checks raise on purpose
+(``SyntaxError`` and friends), and turns a check that overran or whose process died into a ``check_deadline``
+violation. The caller hands the check in, so this module does not import the checks that call it.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from kevin_exp.bench.checks.rules import Violation
 from kevin_exp.bench.config import CheckRules
@@ -119,14 +120,12 @@ def _give_back(checker: _Checker) -> None:
     checker.kill()
 
 
-def run_checked(kind: str, args: tuple[Any, ...], rules: CheckRules) -> Any:
-    """Run ``checker_process.KINDS[kind](*args)`` under ``rules.static_check_deadline_s`` (0: in this process,
-    without a deadline)."""
-    from kevin_exp.bench.checks.checker_process import KINDS
-
+def run_checked(kind: str, check: Callable[..., Any], args: tuple[Any, ...], rules: CheckRules) -> Any:
+    """Run ``check(*args)`` (``checker_process.KINDS[kind]``) under ``rules.static_check_deadline_s`` (0: in
+    this process, without a deadline)."""
     deadline_s = rules.static_check_deadline_s
     if deadline_s <= 0:
-        return KINDS[kind](*args)
+        return check(*args)
     payload = pickle.dumps((kind, args), protocol=pickle.HIGHEST_PROTOCOL)
     checker = _take()
     try:

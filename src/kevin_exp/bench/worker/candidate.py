@@ -43,7 +43,7 @@ def make_load_inline_hook(
     prebuilt: dict[str, tuple[str, str]], calls: ExtensionCalls
 ) -> Callable[..., Any]:
     """A stand-in for load_inline that imports the parent's pre-built module for the same spec."""
-    from kevin_exp.bench.build import BuildResult, import_extension
+    from kevin_exp.bench.build.builder import BuildResult, import_extension
 
     real_signature = inspect.signature(torch.utils.cpp_extension.load_inline)
 

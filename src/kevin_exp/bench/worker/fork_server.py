@@ -109,10 +109,6 @@ def _send(sock: socket.socket, message: dict) -> None:
     sock.send(json.dumps(message).encode())
 
 
-def _exit_status(status: int) -> int:
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
 def _place_fds(fds: list[int], targets: list[int]) -> None:
     """Make ``targets[i]`` refer to ``fds[i]`` and close every other descriptor."""
     import fcntl

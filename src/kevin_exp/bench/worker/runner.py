@@ -25,8 +25,8 @@ import torch
 from kevin_exp.bench.exchange import HeaderError, Layout, Region, read_values, validate, write_values
 from kevin_exp.bench.worker.candidate import ExtensionCalls, hook_load_inline, load_candidate
 from kevin_exp.bench.worker.final_output import final_output, held_inputs, inputs_kept, not_aliased
-from kevin_exp.bench.worker.final_output import tensor_leaves as final_leaves
 from kevin_exp.bench.worker.framework_flags import FlagSnapshot
+from kevin_exp.bench.worker.memory_fill import input_reader, poison_allocator, zeros_like
 from kevin_exp.bench.worker.outcomes import NeedsBuild, Rejected, stage
 from kevin_exp.bench.worker.tensors import device_name, synchronize
 from kevin_exp.bench.worker.timing import CacheFlusher, Timer
@@ -160,11 +160,11 @@ class Harness:
 
         def make(inputs: list[Any]) -> Call:
             guard = _guard(guarded)  # made while staging, as for the candidate's calls
-            warm = _reader(inputs, self.device)
+            warm = input_reader(inputs, self.device)
 
             def run() -> tuple[float | None, Any]:
                 with torch.no_grad(), guard:
-                    return self.timer(lambda: warm() or _dense(_zeros_like(expected, self.device, serial=True)))
+                    return self.timer(lambda: warm() or _dense(zeros_like(expected, self.device, serial=True)))
             return Call(request["i"], inputs, True, run)
         self.expected_output = expected  # poisoned for as the candidate's calls will be
         return make
@@ -263,42 +263,6 @@ def _guard(on: bool) -> Any:
     from kevin_exp.bench.runtime_guard import block_torch_compute
 
     return block_torch_compute() if on else _NullGuard()
-
-
-def _zeros_like(header: dict[str, Any], device: torch.device, serial: bool = False) -> Any:
-    """The stand-in's output. With ``serial`` a host tensor is zeroed by the calling thread alone, where an honest
-    single-threaded kernel writes its output: the copy to the region after the call then finds it as it finds
-    the candidate's."""
-    t = header["t"]
-    if t == "tensor":
-        dtype = getattr(torch, header["dtype"])
-        if serial and device.type == "cpu":
-            import ctypes
-
-            out = torch.empty(header["shape"], dtype=dtype)
-            ctypes.memset(out.data_ptr(), 0, out.numel() * out.element_size())
-            return out
-        return torch.zeros(header["shape"], dtype=dtype, device=device)
-    if t in ("list", "tuple"):
-        items = [_zeros_like(h, device, serial) for h in header["items"]]
-        return items if t == "list" else tuple(items)
-    return header.get("value")
-
-
-def _reader(inputs: list[Any], device: torch.device) -> Callable[[], None]:
-    """Reads every byte of the host inputs by the calling thread (into a scratch buffer made now), as a forward
-    reads its inputs: the stand-in's inputs are then as warm as a candidate's when the runner copies them to the
-    region after the call (a no-op on cuda, whose copies come from device memory)."""
-    import ctypes
-
-    pairs = [(t.data_ptr(), t.numel() * t.element_size()) for t in final_leaves(inputs)
-             if device.type == "cpu" and t.is_contiguous()]
-    scratch = ctypes.create_string_buffer(max([n for _, n in pairs], default=1))
-
-    def read() -> None:
-        for ptr, n in pairs:
-            ctypes.memmove(scratch, ptr, n)
-    return read
 
 
 class Runner:
@@ -413,39 +377,3 @@ class _NullGuard:
 
     def __exit__(self, *exc: object) -> bool:
         return False
-
-
-def poison_allocator(expected: dict[str, Any], device: torch.device, copies: int = 3) -> None:
-    """Leave NaN in freed allocator blocks of the output's size, so an output the kernel never writes shows."""
-    headers = expected["items"] if expected.get("t") in ("list", "tuple") else [expected]
-    held = []
-    for h in headers:
-        if h.get("t") != "tensor":
-            continue
-        dtype = getattr(torch, h["dtype"])
-        fill: float | int = float("nan") if dtype.is_floating_point else (1 if dtype in (torch.bool, torch.uint8, torch.int8) else -1234567)
-        for _ in range(copies):
-            held.append(_filled(h["shape"], fill, dtype, device))
-    synchronize(device)
-    del held
-
-
-def _filled(shape: list[int], fill: float | int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``torch.full``, on the host by the calling thread alone (a pattern doubled by ``memmove``): a parallel fill
-    waits for every thread of the pool to be scheduled, tens of milliseconds per call on a busy machine."""
-    if device.type != "cpu":
-        return torch.full(shape, fill, dtype=dtype, device=device)
-    import ctypes
-
-    out = torch.empty(shape, dtype=dtype)
-    total = out.numel() * out.element_size()
-    seed = min(out.numel(), 1024)
-    if not seed:
-        return out
-    out.view(-1)[:seed] = torch.full((seed,), fill, dtype=dtype)
-    done, base = seed * out.element_size(), out.data_ptr()
-    while done < total:
-        step = min(done, total - done)
-        ctypes.memmove(base + done, base, step)
-        done += step
-    return out

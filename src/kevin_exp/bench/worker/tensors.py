@@ -1,4 +1,4 @@
-"""Tensor plumbing shared by the worker's stages: moving, cloning, refilling in place, synchronising."""
+"""Tensor plumbing shared by the worker's stages: moving, cloning, synchronising, naming the device."""
 from __future__ import annotations
 
 from typing import Any
@@ -20,13 +20,6 @@ def clone_values(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(clone_values(v) for v in value)
     return value
-
-
-def copy_into(dst: list[Any], src: list[Any]) -> None:
-    """Overwrite tensors in place, keeping their storage (and data pointers)."""
-    for d, s in zip(dst, src):
-        if isinstance(d, torch.Tensor):
-            d.copy_(s)
 
 
 def synchronize(device: torch.device) -> None:

@@ -1,9 +1,9 @@
-"""C++/CUDA source as the compiler's preprocessor sees it, for the native rules: line splices joined, then one
-left-to-right tokenising pass that finds comments, string/char literals (with their encoding prefixes), raw
-strings, numbers (with digit separators) and identifiers exactly where the compiler does, so that nothing
-can be hidden from the scans by a token the checks read differently (``1'0; system(...); 2'0``,
-``FOOR"(" ...``, ``L'"'``). Every pattern here is linear-time: each match consumes its text and none has
-nested or overlapping quantifiers.
+"""C++/CUDA source as the compiler's preprocessor sees it, for the native rules (``checks/native``) and the
+build's spec checks (``build/spec_check``): line splices joined, then one left-to-right tokenising pass that
+finds comments, string/char literals (with their encoding prefixes), raw strings, numbers (with digit
+separators) and identifiers exactly where the compiler does, so that nothing can be hidden from the scans by a
+token the checks read differently (``1'0; system(...); 2'0``, ``FOOR"(" ...``, ``L'"'``). Every pattern here
+is linear-time: each match consumes its text and none has nested or overlapping quantifiers.
 """
 from __future__ import annotations
 
