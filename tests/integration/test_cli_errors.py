@@ -45,6 +45,14 @@ TRAIN_CASES = {
     "unknown task id": (["tasks.ids=[nope]"], ["unknown problem id(s) 'nope'", "builtin/level1/1"]),
     "sweep point": (["-m", "gamma=0.0,2.0"], ["gamma=2.0: expected a number in [0, 1]", "in the sweep point gamma=2.0"]),
     "list without -m": (["gamma=0.1,0.2"], ["gamma=0.1,0.2: a list of values needs -m"]),
+    # slips that used to run something else with exit 0
+    "sweep file without -m": (["sweep=normalization"], ["sweep=normalization: a sweep needs -m",
+                                                        "python -m kevin_exp.train -m sweep=normalization"]),
+    "appended key no setting reads": (["+gama=0.3"], ["+gama=0.3: no setting is named gama", "did you mean gamma?"]),
+    "more tasks a step than the pool has": (["tasks_per_step=100"], ["tasks_per_step=100: the task pool has",
+                                                                     "or fewer"]),
+    "a group of one sample": (["n_trajectories=1", "n_turns=1"], ["n_trajectories=1 n_turns=1", "advantage is always 0",
+                                                                 "n_trajectories=2 or more"]),
 }
 
 

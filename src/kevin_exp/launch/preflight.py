@@ -141,13 +141,53 @@ def check_device(device: str) -> None:
                           f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}); {fix}")
 
 
+def check_groups(cfg: TrainConfig, pool_size: int) -> None:
+    """A step has the tasks it asks for, and each task's group more than one sample (one alone has advantage 0)."""
+    if cfg.tasks_per_step > pool_size:
+        raise ConfigError(f"tasks_per_step={cfg.tasks_per_step}: the task pool has {pool_size} tasks (tasks.suite="
+                          f"{cfg.tasks.suite}, tasks.levels={list(cfg.tasks.levels)}); give tasks_per_step={pool_size} "
+                          "or fewer, or a larger pool (tasks.levels, tasks.suite)")
+    if cfg.n_trajectories * cfg.n_turns == 1:
+        raise ConfigError("n_trajectories=1 n_turns=1: each task's group would hold one sample, whose advantage is "
+                          "always 0, so no step could change the policy; use n_trajectories=2 or more (Kevin: 16), "
+                          "or n_turns=2 or more")
+
+
+def check_appended_keys(composer: "Composer", overrides: list[str]) -> None:
+    """``+key=value`` adds a key; one that no setting reads would be ignored, so it is refused like a typo."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    known = set(composer.known_keys())
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if not (o.is_add() or o.is_force_add()):
+            continue
+        key = o.key_or_group
+        is_group = (CONF_DIR / key).is_dir()
+        if key.startswith("hydra.") or is_group or key in known or any(k.startswith(key + ".") for k in known):
+            continue
+        raise ConfigError(f"{o.input_line}: no setting is named {key}{_closest(key, known)}, so the value would be "
+                          f"ignored; `python -m kevin_exp.{composer.entry} --cfg job` lists every setting")
+
+
+def check_sweep_has_multirun(cfg: DictConfig, multirun: bool) -> None:
+    """A sweep file composed without -m would run its base point alone, as if it were the sweep."""
+    params = cfg.hydra.sweeper.get("params") if "hydra" in cfg else None
+    if params and not multirun:
+        sweep = cfg.hydra.runtime.choices.get("sweep")
+        what = f"sweep={sweep}" if sweep else "hydra.sweeper.params"
+        raise ConfigError(f"{what}: a sweep needs -m (python -m kevin_exp.train -m {what}); without -m only its first "
+                          "point would run")
+
+
 def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True, runs_here: bool = True) -> None:
     """What a run needs besides valid settings: its tasks, its model's weights, its checkpoint, (where it runs
     on this machine) the GPU its trainer.device names, and (on a GPU) enough memory. Raises a UserError naming
     the setting and the fix."""
     if runs_here:
         check_device(cfg.trainer.device)
-    load_task_pool(cfg.tasks)
+    pool = load_task_pool(cfg.tasks)
+    if entry == "train":
+        check_groups(cfg, len(pool))
     check_model_path(cfg.model)
     if entry == "evaluate" and cfg.checkpoint:
         find_checkpoint(cfg.checkpoint)
@@ -179,9 +219,11 @@ def preflight(config_name: str, argv: list[str]) -> list[TrainConfig]:
         return []
     composer = Composer(config_name)
     checked = []
+    check_appended_keys(composer, list(args.overrides))
     points = launch_points(composer, list(args.overrides), bool(args.multirun))
     for point in points:
         cfg = composer.compose(point)
+        check_sweep_has_multirun(cfg, bool(args.multirun))
         try:
             typed = to_typed(cfg)
             if not args.cfg:
