@@ -47,9 +47,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if marker in item.keywords:
                 item.add_marker(skip)
         item.add_marker(pytest.mark.xdist_group(run_group(item)))
-    # under `-n N --dist loadgroup --no-loadscope-reorder` the groups are handed out in this order: the two long
-    # groups start first, on workers of their own, and the rest fills the others
-    items.sort(key=lambda item: GROUP_ORDER.get(run_group(item), len(GROUP_ORDER)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # under `-n N --dist loadgroup --no-loadscope-reorder` the groups are handed out in this order: the two long
+        # groups start first, on workers of their own, and the rest fills the others (a serial run keeps its order)
+        items.sort(key=lambda item: GROUP_ORDER.get(run_group(item), len(GROUP_ORDER)))
 
 
 # Which tests share a worker when the suite runs in parallel (README's test command). The SLURM tests share one
