@@ -1,7 +1,10 @@
 """The run's closing summary says in one line whether the policy improved: the first step against the last three."""
 from __future__ import annotations
 
-from kevin_exp.records.summary import improvement_line
+import json
+
+from kevin_exp.records.summary import headline_lines, improvement_line
+from tests.helpers import compose_train
 
 
 def steps(rewards: list[float], correct: list[float]) -> list[dict]:
@@ -23,3 +26,16 @@ def test_a_run_whose_reward_fell_or_whose_correct_share_fell_did_not_improve():
 def test_a_short_run_compares_what_it_has():
     assert "nothing to compare" in improvement_line(steps([0.5], [0.5]))
     assert "(step 2)" in improvement_line(steps([0.1, 0.3], [0.0, 0.5]))
+
+
+def test_the_note_that_the_reward_stays_at_0_is_printed_only_when_it_did(tmp_path):
+    """A smoke-scale model's note says its reward stays at 0: never under numbers that say otherwise."""
+    cfg = compose_train(["model=tiny"])
+    for score, noted in ((0.0, True), (0.6, False)):
+        run_dir = tmp_path / str(score)
+        run_dir.mkdir()
+        row = {"score": score, "correct": score > 0, "status": "ok" if score else "format_error"}
+        (run_dir / "turns.jsonl").write_text(json.dumps(row) + "\n")
+        text = "\n".join(headline_lines(run_dir, cfg))
+        assert f"mean reward {score:.3f}" in text
+        assert ("its reward stays at 0" in text) is noted, text

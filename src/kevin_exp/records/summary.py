@@ -76,7 +76,8 @@ def headline_lines(run_dir: Path, cfg: TrainConfig) -> list[str]:
              f"plots: python analysis/plots.py {run_dir} --out {run_dir}/plots; "
              f"tables: python analysis/ablation_table.py {run_dir}",
              f"evaluate it: python -m kevin_exp.evaluate checkpoint={run_dir}"]
-    if cfg.model.name in SMOKE_MODELS and cfg.rollout.env == "kernel" and cfg.tasks.suite != "kernel_menu":
+    # (only when the numbers above say so: a scripted or lucky run of such a model can score)
+    if reward == 0 and cfg.model.name in SMOKE_MODELS and cfg.rollout.env == "kernel" and cfg.tasks.suite != "kernel_menu":
         lines += ["", f"note: model={cfg.model.name} is a smoke-scale policy that writes no valid kernels, so its reward "
                   "stays at 0 and the update has nothing to learn from. To see the learner learn on a CPU in a few "
                   "minutes, use the compile-free reward: python -m kevin_exp.train model=tiny rollout.env=synthetic "
