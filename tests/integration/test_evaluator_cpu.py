@@ -46,10 +46,13 @@ def test_correct_kernel_is_ok_with_speedup(evaluator):
 
 def test_an_idle_slot_times_the_reference_before_the_first_build_is_done(evaluator):
     """The slot has nothing to run while the problem's first candidate builds: it times the reference then, so the
-    run finds the timing cached (on a problem never timed before: the comment makes its source new)."""
-    reference = RELU + f"\n# never timed before: {time.time_ns()}\n"
+    run finds the timing cached (on a problem never timed before and a candidate never built before: the comments
+    make both sources new, also where KEVIN_EXP_CACHE keeps the build cache across sessions)."""
+    token = time.time_ns()
+    reference = RELU + f"\n# never timed before: {token}\n"
     # constant expressions that keep the compiler busy for seconds, so the build is surely the slower of the two
-    spin = ("template <int K> constexpr long spin() { long s = 0; for (long i = 0; i < 1000; ++i) "
+    spin = (f"// never built before: {token}\n"
+            "template <int K> constexpr long spin() { long s = 0; for (long i = 0; i < 1000; ++i) "
             "for (long j = 0; j < 1000; ++j) s += i ^ j ^ K; return s; }\n"
             + "".join(f"constexpr long v{k} = spin<{k}>();\n" for k in range(6)))
     candidate = cand("ok").replace('source = r"""\n', 'source = r"""\n' + spin, 1)
