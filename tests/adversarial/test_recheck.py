@@ -194,6 +194,20 @@ def _lies_on_one_call_in_ten(cpp: str) -> str:
 SLOW_CLOCK_ON_ONE_CALL = candidate(_lies_on_one_call_in_ten(_SLOW_CLOCK_CPP), name="adv_slow_clock_one_call",
                                    functions=("slow_down", "leaky"), prelude="ext.slow_down()\n")
 
+def _keeps_the_cpus_busy(cpp: str) -> str:
+    """The same clock patch, and three threads started with it (after the calibration calls, at load) that spin
+    for the rest of the run: some task always waits for a CPU during the trials, so the hidden-time check
+    cannot tell the lie from the load (``verdict.contention_rose``)."""
+    cpp = cpp.replace("#include <unistd.h>", "#include <unistd.h>\n#include <thread>", 1)
+    old = "int slow_down() {\n"
+    assert old in cpp
+    spin = "    for (int k = 0; k < 3; ++k) std::thread([] { volatile unsigned long s = 0; for (;;) ++s; }).detach();\n"
+    return cpp.replace(old, old + spin, 1)
+
+
+SLOW_CLOCK_UNDER_ITS_OWN_LOAD = candidate(_keeps_the_cpus_busy(_SLOW_CLOCK_CPP), name="adv_slow_clock_busy",
+                                          functions=("slow_down", "leaky"), prelude="ext.slow_down()\n")
+
 ATTACKS = [
     Attack("thread_spins_while_reference_runs", SPIN_BETWEEN_CALLS,
            stopped("forbidden", "runtime_error", "crashed", "suspect"), gain=True, needs=("static", "sandbox")),
@@ -290,3 +304,31 @@ def test_a_clock_slowed_well_past_the_noise_is_suspect_on_every_measurement(buil
     judge(attack, bad, good)
     assert bad.rule == "hidden_time", bad.reason
     assert len(bad.extra["remeasured"]) == 1 and bad.extra["remeasured"][0]["hidden_ms"] > 1.0, bad.extra
+
+
+def test_a_lying_runner_that_keeps_the_cpus_busy_is_not_accused_but_gains_nothing(build_cache):
+    """What the hidden-time check does not stop: the slowed clock, with threads that keep the CPUs contended from
+    the moment the candidate loads. Load that came after the calibration stretches an honest runner's path as
+    much, so the run is not accused (it is measured again, with the same result); its speedup still takes the
+    outside clock's bound, which holds it to its honest twin's (within the attacks' gain bound). Where the kernel
+    gives no CPU pressure, the check cannot tell load from lies and accuses as before. (The static rules refuse
+    the threads by default, ``no_concurrency``: this is the check alone, past them.)"""
+    from kevin_exp.bench import CheckRules, cpu_pressure
+    from tests.adversarial.attacks import PROBLEM, config
+    from tests.adversarial.conftest import evaluate_attacks
+
+    problem = PROBLEM.replace('{"M": 256, "N": 2048}', '{"M": 4096, "N": 2048}')
+    attack = Attack("slowed_clock_under_its_own_load", SLOW_CLOCK_UNDER_ITS_OWN_LOAD, stopped("suspect"), gain=True,
+                    problem=problem)
+    cfg = config(build_cache, rules=CheckRules(restrict_imports=False, no_concurrency=False), forbid_new_tasks=False,
+                 hidden_time_retries=1)
+    bad, good = evaluate_attacks([attack], cfg)[attack.name]
+    if cpu_pressure.stall_us() is None:
+        assert bad.rule == "hidden_time", bad.reason
+        return
+    assert bad.status.value == "ok", bad.reason
+    assert "hidden_time_inconclusive" in bad.extra and len(bad.extra["remeasured"]) == 1, bad.extra
+    contention = bad.extra["contention"]
+    assert contention["trials"] - contention["calibration"] > cfg.hidden_time_contention, contention
+    assert bad.extra["timing"]["used"] == "outside_bound", bad.extra["timing"]
+    judge(attack, bad, good)

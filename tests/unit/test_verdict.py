@@ -244,6 +244,30 @@ def test_a_run_flagged_for_hidden_time_is_measured_again_and_suspect_only_when_f
         BenchConfig(hidden_time_retries=-1)
 
 
+def test_hidden_time_under_load_that_came_after_the_calibration_is_not_a_lie_but_gains_nothing():
+    """Some task waited for a CPU during 30% of the calibration and 95% of the trials: the load came later and
+    stretched the trials' path, so the same 2 ms extra is not accused. The run is measured again, and its
+    speedup is the outside clock's bound, as a lying runner's would be."""
+    lie = dict(new_ms=[1.0] * 3, ref_ms=[8.0] * 3, outside_ms=[5.0] * 3, calibration_ms=[0.1] * 3,
+               calibration_outside_ms=[2.1] * 3)
+    loaded = judge(outcome(contention={"calibration": 0.3, "trials": 0.95}, **lie))
+    assert loaded.status is Status.OK and loaded.rule is None
+    assert loaded.extra["hidden_time_inconclusive"] == {"hidden_ms": pytest.approx(2.0), "allowed_ms": pytest.approx(1.5)}
+    assert loaded.extra["contention"] == {"calibration": 0.3, "trials": 0.95}
+    assert loaded.extra["timing"]["used"] == "outside_bound" and loaded.runtime_ms == pytest.approx(2.95)
+    assert needs_remeasure(loaded, 1, BenchConfig(hidden_time_retries=1))
+    # the load the same at both (however high), risen by no more than the margin, or not known: accused
+    for contention in ({"calibration": 0.97, "trials": 0.99}, {"calibration": 0.3, "trials": 0.39},
+                       {"calibration": None, "trials": 0.95}, {}):
+        v = judge(outcome(contention=contention, **lie))
+        assert v.status is Status.SUSPECT and v.rule == "hidden_time", contention
+    # a stricter margin accuses under the same load; a margin outside [0, 1] is refused
+    strict = judge(outcome(contention={"calibration": 0.3, "trials": 0.95}, **lie), BenchConfig(hidden_time_contention=0.7))
+    assert strict.status is Status.SUSPECT
+    with pytest.raises(ValueError, match="hidden_time_contention"):
+        BenchConfig(hidden_time_contention=1.5)
+
+
 def test_the_time_used_is_the_reported_one_or_the_outside_bound_whichever_is_longer():
     from kevin_exp.bench.verdict import timing_bound
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager
 
-from kevin_exp.bench import hidden_checks
+from kevin_exp.bench import cpu_pressure, hidden_checks
 from kevin_exp.bench.config import BenchConfig
 from kevin_exp.bench.exchange import Layout, header_bytes, padded_bytes, seal_size
 from kevin_exp.bench.physical_floor import floor_record
@@ -166,11 +166,13 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
             if not answered(outcome, runner, runner.recv(time.monotonic() + config.load_timeout_s), "start", "problem_ready"):
                 return outcome
         try:
+            calibration = cpu_pressure.Window()
             if not _calibrate(outcome, ref, runner, layout, prepared["output"], secret, ref_limit, config, seeded):
                 return outcome
             init = ref.call({"op": "stage_init", "layout": layout.to_json()}, ref_limit)["inputs"]
         except ReferenceFailed as exc:
             return reference_failed(outcome, exc)
+        outcome.contention["calibration"] = calibration.share()
         lap("calibrate_s")
         kinds = schedule(config, outcome.hidden["available"])
         outcome.limits = {"load_s": config.load_timeout_s,
@@ -191,6 +193,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
         calls = Calls(outcome, ref, runner, layout, seeded, ref_limit, "trials", outcome.limits["trials_s"])
         busy_before, by_op_before = ref.busy_s, dict(ref.busy_by_op)
         checks = TrialChecks(outcome, ref, runner, layout, config)
+        trials = cpu_pressure.Window()
         try:
             for i, kind in enumerate(kinds):
                 if i in starts:
@@ -205,6 +208,7 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
                     return outcome
             if not calls.settle(checks):
                 return outcome
+            outcome.contention["trials"] = trials.share()
             lap("trials_s")
             outcome.phases.update({k: round(v, 4) for k, v in calls.busy.items()})
             outcome.phases["trials_reference_busy_s"] = round(ref.busy_s - busy_before, 4)

@@ -47,6 +47,8 @@ class RunOutcome:
     cores: list[int] = field(default_factory=list)  # the run slot's own cores the run was on (empty: none reserved)
     hidden: dict[str, Any] = field(default_factory=dict)  # the hidden checks: asked, skipped, passed, failed (never fed back)
     floor: dict[str, Any] | None = None  # the problem's physical floor on this machine (physical_floor.floor_record)
+    # the share of the calibration calls' and of the trials' wall time during which some task waited for a CPU
+    contention: dict[str, float | None] = field(default_factory=dict)
 
 
 def malformed(outcome: RunOutcome, runner: WorkerProcess, i: int) -> bool:

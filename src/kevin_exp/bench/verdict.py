@@ -214,8 +214,12 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
                   ref_runtime_stats=ref, outside_runtime_ms=outside_ms, excessive_speedup=flagged)
     hidden = hidden_time_ms(outcome.new_ms, outcome.outside_ms, outcome.calibration_ms, outcome.calibration_outside_ms)
     extra["hidden_ms"] = round(hidden, 4)
+    extra["contention"] = dict(outcome.contention)
     allowed = config.hidden_time_factor * new.median_ms + config.hidden_time_suspect_ms
-    if config.hidden_time_check and hidden > allowed:
+    if config.hidden_time_check and hidden > allowed and contention_rose(outcome.contention, config):
+        # not accused: the load stretched the path; the speedup above already takes the outside clock's bound
+        extra["hidden_time_inconclusive"] = {"hidden_ms": round(hidden, 4), "allowed_ms": round(allowed, 4)}
+    elif config.hidden_time_check and hidden > allowed:
         reason = (f"suspect: each timed call took {hidden:.3g} ms more (parent's clock) than the runner reported "
                   f"({new.median_ms:.3g} ms), beyond what the same path costs without your code (allowed "
                   f"{allowed:.3g} ms); the run counts for nothing")
@@ -293,9 +297,21 @@ def rechecks_disagree(first_speedup: float, second_speedup: float, tolerance: fl
     return hi / lo > tolerance
 
 
+def contention_rose(contention: dict[str, float | None], config: BenchConfig) -> bool:
+    """Whether some task waited for a CPU during a larger share of the trials than of the calibration calls, by
+    more than ``hidden_time_contention``: load that came after the calibration stretched the trials' path, and
+    more hidden time than the calibration showed is no proof of a lie. Unknown (no pressure information): False."""
+    calibration, trials = contention.get("calibration"), contention.get("trials")
+    if calibration is None or trials is None:
+        return False
+    return trials - calibration > config.hidden_time_contention
+
+
 def needs_remeasure(verdict: Verdict, attempts: int, config: BenchConfig) -> bool:
-    """Whether a run the hidden-time check flagged (after ``attempts`` runs) is measured again."""
-    return verdict.rule == "hidden_time" and attempts <= config.hidden_time_retries
+    """Whether a run the hidden-time check flagged, or could not judge for the load (after ``attempts`` runs),
+    is measured again."""
+    flagged = verdict.rule == "hidden_time" or "hidden_time_inconclusive" in verdict.extra
+    return flagged and attempts <= config.hidden_time_retries
 
 
 def apply_remeasure(first: Verdict, second: Verdict) -> Verdict:
