@@ -1,5 +1,6 @@
 """Every kernel of the menu through MenuEnv and the real cpu evaluator, in one batch: an answer's letter becomes
-the kernel behind it, which is compiled, checked and timed, scored, and fed back to the next turn's prompt."""
+the kernel behind it (A the fast one once the trajectory took the profile), which is compiled, checked and timed,
+scored, and fed back to the next turn's prompt."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,9 +8,10 @@ import dataclasses
 import pytest
 
 from kevin_exp.bench.evaluator import Evaluator
-from kevin_exp.rollout.menu_env import MenuEnv, shown_order
+from kevin_exp.rollout.menu_env import PROFILED, MenuEnv
+from kevin_exp.rollout.prompts import Attempt
 from kevin_exp.run.setup import score_weights
-from kevin_exp.tasks.kernel_menu import KINDS, LETTERS, PROBE, load_menu
+from kevin_exp.tasks.kernel_menu import OPTIONS, PROFILE, load_menu
 from tests.helpers import compose_train
 
 pytestmark = pytest.mark.slow
@@ -26,36 +28,37 @@ def env(build_cache):
 
 
 def test_each_menu_kernel_gets_its_verdict_class_and_the_next_prompt_shows_it(env):
-    # the deal that puts the kinds behind A-E in KINDS order: fast, slow, off by one, half, broken
-    tasks = [p for p in load_menu([1]) if p.deal == KINDS]
-    assert len(tasks) == 2
-    pairs = [(task, letter) for task in tasks for letter in (*LETTERS, PROBE)]
-    results = env.step([t for t, _ in pairs], [f"{letter}" for _, letter in pairs], [[] for _ in pairs])
-    by = {(t.name, letter): r for (t, letter), r in zip(pairs, results)}
+    tasks = load_menu([1])
+    profile_taken = [Attempt("program", PROFILE, "ok", "correct", 0.1)]
+    # every option on turn 1, and A after a profile
+    plays = [(task, letter, []) for task in tasks for letter in OPTIONS] + [(task, "A", profile_taken) for task in tasks]
+    results = env.step([t for t, _, _ in plays], [letter for _, letter, _ in plays], [[] for _ in plays],
+                       [h for _, _, h in plays])
+    by = {(t.name, letter, bool(h)): r for (t, letter, h), r in zip(plays, results)}
     for task in tasks:
-        fast, slow, off_by_one, half, broken, probe = (by[task.name, letter] for letter in (*LETTERS, PROBE))
-        for honest in (fast, slow, probe):
+        slow, wrong, broken, profile = (by[task.name, letter, False] for letter in OPTIONS)
+        fast = by[task.name, "A", True]
+        for honest in (fast, slow, profile):
             assert honest.status == "ok" and honest.correct, honest.reason
-            assert honest.score == pytest.approx(0.3 + min(honest.speedup, 3.0))
-        assert fast.runtime_ms < slow.runtime_ms and fast.speedup > slow.speedup, (fast.reason, slow.reason)
-        for wrong in (off_by_one, half):
-            assert wrong.status == "incorrect" and not wrong.correct and wrong.score == 0.0
-            assert "mismatch" in wrong.reason
+            assert honest.score == pytest.approx(0.3 + min(honest.speedup, 10.0))
+        assert fast.runtime_ms < slow.runtime_ms and fast.score > 5 * max(slow.score, profile.score), (fast.reason, slow.reason)
+        assert wrong.status == "incorrect" and not wrong.correct and wrong.score == 0.0 and "mismatch" in wrong.reason
         assert broken.status == "compile_error" and broken.score == 0.0 and "not declared" in broken.reason
 
-        # turn 2 sees each answer's verdict and speedup; a probe also shows the order of the menu
-        after_fast = env.prompt(task, [fast.attempt], 4096, len)[0]
-        assert "Turn 1: you answered A. Your kernel was correct" in after_fast and f"{fast.speedup:.2f}x" in after_fast
-        assert "the fast kernel is" not in after_fast
+        # turn 2 sees each answer's verdict and speedup; after a profile, what it showed
+        after_slow = env.prompt(task, [slow.attempt], 4096, len)[0]
+        assert "Turn 1: you answered A. Your kernel was correct" in after_slow and f"{slow.speedup:.2f}x" in after_slow
+        assert PROFILED not in after_slow
         after_broken = env.prompt(task, [broken.attempt], 4096, len)[0]
-        assert "you answered E. Your kernel failed to compile" in after_broken and "not declared" in after_broken
-        after_probe = env.prompt(task, [probe.attempt], 4096, len)[0]
-        assert "you answered P." in after_probe and shown_order(task) in after_probe
-        assert "the fast kernel is A;" in after_probe
-    # the control without feedback: every turn's prompt is the first turn's
+        assert "you answered C. Your kernel failed to compile" in after_broken and "not declared" in after_broken
+        after_profile = env.prompt(task, [profile.attempt], 4096, len)[0]
+        assert "you answered P." in after_profile and PROFILED in after_profile
+    # the control without feedback: every turn's prompt is the first turn's, and a profile still changes A
     env.feedback = False
     try:
-        assert env.prompt(tasks[0], [by[tasks[0].name, PROBE].attempt], 4096, len) == env.prompt(tasks[0], [], 4096, len)
+        task = tasks[0]
+        assert env.prompt(task, [by[task.name, PROFILE, False].attempt], 4096, len) == env.prompt(task, [], 4096, len)
+        assert env.parse(task, "A", profile_taken).code == task.program("fast", "cpu")
     finally:
         env.feedback = True
 

@@ -1,44 +1,35 @@
-"""The kernel menu: its tasks and deals, reading an answer into a candidate program, and the menu prompt."""
+"""The kernel menu: its tasks, reading an answer into a candidate program, the menu prompt, and the moves of a run."""
 from __future__ import annotations
-
-import itertools
 
 import pytest
 
-from kevin_exp.rollout.menu_env import ASK, menu_prompt, shown_order
+from kevin_exp.rollout.menu_env import ASK, MENU, PROFILED, menu_prompt, profiled, what_it_computes
 from kevin_exp.rollout.prompts import Attempt
-from kevin_exp.tasks.kernel_menu import KINDS, LETTERS, PROBE, load_menu, parse_menu_answer
+from kevin_exp.tasks.kernel_menu import KINDS, LETTERS, OPTIONS, PROFILE, load_menu, parse_menu_answer
 from kevin_exp.tasks.kernel_menu.answers import option_in
-from kevin_exp.tasks.kernel_menu.menu import EXPRESSIONS, deal_code, forward_body
+from kevin_exp.tasks.kernel_menu.menu import EXPRESSIONS
 
-MENU = load_menu([1])
-
-
-def test_every_deal_of_every_reference_is_a_task_with_its_deal_in_its_id():
-    references = sorted({p.name for p in MENU})
-    assert references == sorted(EXPRESSIONS)
-    assert len(MENU) == len(references) * 120
-    assert len({p.problem_id for p in MENU}) == len(MENU)
-    for name in references:
-        deals = {p.deal for p in MENU if p.name == name}
-        assert deals == set(itertools.permutations(KINDS))
-    p = MENU[7]
-    assert p.suite == "kernel_menu" and p.problem_id == f"kernel_menu/level1/{p.number}/{deal_code(p.deal)}"
+MENU_TASKS = load_menu([1])
 
 
-def test_a_letter_submits_the_kernel_its_deal_puts_behind_it_and_the_probe_the_slow_one():
-    task = next(p for p in MENU if p.deal == ("half", "broken", "fast", "slow", "off_by_one"))
-    assert task.candidate("C", "cpu") == task.program("fast", "cpu") == task.solution("cpu")
-    assert task.candidate("A", "cpu") == task.program("half", "cpu")
-    assert task.candidate(PROBE, "cpu") == task.program("slow", "cpu") == task.candidate("D", "cpu")
-    assert task.letter_of("fast") == "C"
-    # the same kind of the same reference is the same program in every deal (one build in the compile cache)
-    other = next(p for p in MENU if p.name == task.name and p.deal[0] == "fast")
-    assert other.candidate("A", "cpu") == task.candidate("C", "cpu")
+def test_every_reference_is_one_task():
+    assert sorted(p.name for p in MENU_TASKS) == sorted(EXPRESSIONS)
+    assert [p.problem_id for p in MENU_TASKS] == [f"kernel_menu/level1/{p.number}" for p in MENU_TASKS]
+    assert all(p.suite == "kernel_menu" for p in MENU_TASKS) and OPTIONS == (*LETTERS, PROFILE) == ("A", "B", "C", "P")
+
+
+def test_a_letter_submits_its_kernel_and_a_profile_makes_a_the_fast_one():
+    task = MENU_TASKS[0]
+    before = {letter: task.candidate(letter, "cpu", profiled=False) for letter in OPTIONS}
+    after = {letter: task.candidate(letter, "cpu", profiled=True) for letter in OPTIONS}
+    assert before["A"] == before[PROFILE] == task.program("slow", "cpu")  # the profile is worth what A is
+    assert before["B"] == task.program("off_by_one", "cpu") and before["C"] == task.program("broken", "cpu")
+    assert after["A"] == task.program("fast", "cpu") == task.solution("cpu")
+    assert {k: v for k, v in after.items() if k != "A"} == {k: v for k, v in before.items() if k != "A"}
 
 
 def test_each_kind_is_its_own_program_computing_the_references_function():
-    task = MENU[0]
+    task = MENU_TASKS[0]
     programs = {kind: task.program(kind, "cpu") for kind in KINDS}
     assert len(set(programs.values())) == len(KINDS)
     for program in programs.values():
@@ -50,18 +41,19 @@ def test_each_kind_is_its_own_program_computing_the_references_function():
 
 
 @pytest.mark.parametrize("text, letter", [
-    ("C", "C"), (" C.", "C"), ("Option C", "C"), ("P (probe)", "P"), ("I think B", "B"), ("A, then B", "A"),
-    ("E\n", "E"), ("(D)", "D"), ("C++ kernel B", "B"), ("A.", "A"), ("A-", "A"),
+    ("C", "C"), (" C.", "C"), ("Option C", "C"), ("P (profile)", "P"), ("I think B", "B"), ("A, then B", "A"),
+    ("B\n", "B"), ("(A)", "A"), ("C++ kernel B", "B"), ("A.", "A"), ("A-", "A"),
 ])
 def test_the_first_option_letter_standing_alone_is_the_answer(text, letter):
     assert option_in(text) == letter
-    answer = parse_menu_answer(text, MENU[0], "cpu")
-    assert answer.ok and answer.letter == letter and answer.candidate == MENU[0].candidate(letter, "cpu")
+    answer = parse_menu_answer(text, MENU_TASKS[0], "cpu", profiled=False)
+    assert answer.ok and answer.letter == letter and answer.candidate == MENU_TASKS[0].candidate(letter, "cpu", False)
 
 
-@pytest.mark.parametrize("text", ["", "c", "AB", "Faster", "I would pick the fast one", "F", "Q", "C++", "C#", "P-value", "A.B"])
+@pytest.mark.parametrize("text", ["", "c", "AB", "Faster", "I would pick the fast one", "D", "E", "F", "C++", "C#",
+                                  "P-value", "A.B"])
 def test_an_answer_naming_no_option_is_a_format_error(text):
-    answer = parse_menu_answer(text, MENU[0], "cpu")
+    answer = parse_menu_answer(text, MENU_TASKS[0], "cpu", profiled=True)
     assert not answer.ok and answer.letter == "" and "no option letter" in answer.error
 
 
@@ -69,65 +61,57 @@ def _ok(letter: str, speedup: float) -> Attempt:
     return Attempt("program", letter, "ok", "correct", speedup)
 
 
-def test_the_first_prompt_shows_the_reference_and_the_menu_but_not_the_order():
-    task = MENU[3]
+def test_the_first_prompt_says_what_the_reference_computes_and_shows_the_menu():
+    task = MENU_TASKS[1]
     text = menu_prompt(task, [], "cpu")
-    assert forward_body(task.source) in text and text.endswith(ASK) and "CPU" in text
-    assert "import torch" not in text and forward_body(task.source).startswith("y = ")
-    assert "Turn" not in text and "the fast kernel is" not in text
+    assert what_it_computes(task.source) in text and MENU in text and text.endswith(ASK) and "CPU" in text
+    assert "import torch" not in text and "Turn" not in text and PROFILED not in text
+    assert what_it_computes(task.source).startswith("A degree-4 polynomial")
 
 
-def test_a_later_prompt_shows_each_turns_answer_verdict_and_speedup():
-    task = MENU[3]
-    history = [_ok("B", 0.42), Attempt(None, "", "format_error", "no option letter found in the answer")]
+def test_a_later_prompt_shows_each_turns_answer_verdict_and_speedup_and_what_a_profile_showed():
+    task = MENU_TASKS[0]
+    history = [_ok("A", 0.12), Attempt(None, "", "format_error", "no option letter found in the answer")]
     text = menu_prompt(task, history, "cpu")
-    assert "Turn 1: you answered B. Your kernel was correct" in text and "0.42x" in text
+    assert "Turn 1: you answered A. Your kernel was correct" in text and "0.12x" in text
     assert "Turn 2: your answer named no option." in text and "no option letter found" in text
-    assert "Restart your reasoning" not in text and "the fast kernel is" not in text
+    assert "Restart your reasoning" not in text and PROFILED not in text
     assert text.index("Turn 1") < text.index("Turn 2") < text.index(ASK)
-
-
-def test_a_probe_shows_the_order_of_the_menu_from_then_on():
-    for task in (MENU[0], MENU[50], MENU[200]):
-        text = menu_prompt(task, [_ok(PROBE, 0.1), _ok("A", 3.0)], "cpu")
-        fast = LETTERS[task.deal.index("fast")]
-        assert f"the fast kernel is {fast};" in text and shown_order(task) in text
-        assert text.index(shown_order(task)) < text.index("Turn 2")
-        broken = LETTERS[task.deal.index("broken")]
-        assert f"{broken} does not build" in text
+    after_profile = menu_prompt(task, [_ok(PROFILE, 0.11)], "cpu")
+    assert "Turn 1: you answered P." in after_profile and PROFILED in after_profile
+    assert not profiled([_ok("A", 0.1), _ok("B", 0.1)]) and profiled([_ok("A", 0.1), _ok(PROFILE, 0.1)])
 
 
 def test_the_moves_of_a_run_are_read_from_its_transcripts():
-    from kevin_exp.tasks.kernel_menu.moves import deal_of, fast_letter, move_shares
+    from kevin_exp.tasks.kernel_menu.moves import move_shares
 
-    task = "kernel_menu/level1/2/hbfso"  # C is fast
-    assert deal_of(task) == ("half", "broken", "fast", "slow", "off_by_one") and fast_letter(task) == "C"
+    task = "kernel_menu/level1/2"
+
+    def trajectory(step: int, index: int, *answers: str) -> list[dict]:
+        return [{"step": step, "task_id": task, "trajectory": index, "turn": t, "summary": a}
+                for t, a in enumerate(answers, start=1)]
+
     rows = [
-        # step 1: one trajectory probes then reads the order, one guesses twice, one probes then guesses wrong
-        *[{"step": 1, "task_id": task, "trajectory": 0, "turn": t, "summary": a} for t, a in ((1, "P"), (2, "C"))],
-        *[{"step": 1, "task_id": task, "trajectory": 1, "turn": t, "summary": a} for t, a in ((1, "A"), (2, "B"))],
-        *[{"step": 1, "task_id": task, "trajectory": 2, "turn": t, "summary": a} for t, a in ((1, "P"), (2, ""))],
-        # step 2: no probe
-        *[{"step": 2, "task_id": task, "trajectory": 0, "turn": t, "summary": a} for t, a in ((1, "C"), (2, "C"))],
+        # step 1: one profiles then submits A (fast), one answers A twice (slow), one profiles then names nothing
+        *trajectory(1, 0, "P", "A"), *trajectory(1, 1, "A", "A"), *trajectory(1, 2, "P", ""),
+        # step 2: no profile
+        *trajectory(2, 0, "B", "A"),
     ]
     shares = move_shares(rows)
-    assert shares[1] == {"probe_first": 2 / 3, "read_after_probe": 1 / 2, "fast_last": 1 / 3}
-    assert shares[2] == {"probe_first": 0.0, "read_after_probe": None, "fast_last": 1.0}
-    with pytest.raises(ValueError, match="not a kernel-menu task id"):
-        deal_of("builtin/level1/3")
+    assert shares[1] == {"profile_first": 2 / 3, "fast_after_profile": 1 / 2, "fast_last": 1 / 3}
+    assert shares[2] == {"profile_first": 0.0, "fast_after_profile": None, "fast_last": 0.0}
 
 
-@pytest.mark.parametrize("gamma, probe_wins", [(0.0, False), (0.4, True), (1.0, True)])
-def test_only_a_discount_above_zero_credits_the_probe_with_what_it_reveals(gamma, probe_wins):
-    """docs/learning.md's table, through the project's own returns: the expected turn-1 return of a probe (the slow
-    kernel, then the fast one it showed) against a guess (then, best play: repeat a fast one, else guess again)."""
+@pytest.mark.parametrize("gamma, profile_wins", [(0.0, False), (0.4, True), (1.0, True)])
+def test_only_a_discount_above_zero_credits_the_profile_with_what_it_leads_to(gamma, profile_wins):
+    """docs/learning.md's table, through the project's own returns: the turn-1 return of the profile (the slow
+    kernel, then A: the fast one) against A (the slow kernel, then A again: the slow one), each with turn 2 played
+    as well as it can be after it."""
     from kevin_exp.rl.returns import discounted_returns
 
-    fast, slow = 0.3 + 3.0, 0.4  # the capped fast kernel; the slow kernel (speedup about 0.1)
-    probe = discounted_returns([slow, fast], gamma)[0]
-    outcomes = [  # (probability, turn-1 reward, expected turn-2 reward) of a guess among the five letters
-        (1 / 5, fast, fast), (1 / 5, slow, fast / 4), (3 / 5, 0.0, (fast + slow) / 4)]
-    guess = sum(p * discounted_returns([r1, r2], gamma)[0] for p, r1, r2 in outcomes)
-    assert (probe > guess) is probe_wins, (probe, guess)
-    if probe_wins:
-        assert probe - guess > 0.3  # a margin, not a tie the noise of a timing could flip
+    fast, slow = 0.3 + 10.0, 0.3 + 0.1  # the capped fast kernel; the slow kernel (speedup about 0.1)
+    profile = discounted_returns([slow, fast], gamma)[0]
+    plain = discounted_returns([slow, slow], gamma)[0]
+    assert (profile > plain) is profile_wins, (profile, plain)
+    if profile_wins:
+        assert profile - plain > 3.0  # a margin, not a difference the noise of a timing could flip

@@ -15,7 +15,8 @@ def test_learn_cpu_is_smollm2_on_the_kernel_menu_on_the_cpu_backend():
     assert cfg.tasks.suite == "kernel_menu" and cfg.tasks.menu_feedback and cfg.evaluator.backend == "cpu"
     assert cfg.n_turns == 2 and cfg.gamma == 0.4 and cfg.rollout.max_new_tokens <= 8
     pool = load_task_pool(cfg.tasks)
-    assert len(pool) == 240 and all(isinstance(p, MenuProblem) for p in pool)
+    assert len(pool) == 2 and all(isinstance(p, MenuProblem) for p in pool)
+    assert cfg.tasks_per_step == len(pool) and cfg.algorithm.max_speedup == 10.0 and cfg.model.system_prompt == ""
 
 
 def test_the_gamma_sweep_and_the_controls_compose():

@@ -40,14 +40,14 @@ class DelayedEnv:
         return TurnResult(status="ok", correct=True, score=score, attempt=Attempt(None, "", "ok", f"score {score:.3f}", score),
                           speedup=score)
 
-    def step(self, tasks, responses, response_ids):
+    def step(self, tasks, responses, response_ids, histories=None):
         return [self.result(ids) for ids in response_ids]
 
     def scorer(self):
         env = self
 
         class Stream:
-            def submit(self, task, response, response_ids, done: Callable[[TurnResult], None]) -> None:
+            def submit(self, task, response, response_ids, done: Callable[[TurnResult], None], history=()) -> None:
                 with env.lock:
                     env.outstanding += 1
 

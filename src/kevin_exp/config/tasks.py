@@ -24,8 +24,8 @@ class TasksConfig:
     split: str = choice("all", _splits)
     # explicit task ids (empty: every task of the levels and split)
     ids: list[str] = field(default_factory=list)
-    # tasks=kernel_menu: false withholds every earlier turn (answer, verdict, speedup, what a probe showed) from the
-    # next turn's prompt: the control in which feedback cannot help (docs/learning.md)
+    # tasks=kernel_menu: false withholds every earlier turn (answer, verdict, speedup, what a profile showed) from the
+    # next turn's prompt (a profile taken still makes A the fast kernel): a control (docs/learning.md)
     menu_feedback: bool = True
 
     def extra_checks(self, prefix: str) -> list[str]:

@@ -46,8 +46,10 @@ class ScoreWeights:
 
 
 class TurnScorer(Protocol):
-    def submit(self, task: Problem, response: str, response_ids: list[int], done: Callable[[TurnResult], None]) -> None:
-        """Score one response; ``done`` gets its result as soon as it is known (on any thread)."""
+    def submit(self, task: Problem, response: str, response_ids: list[int], done: Callable[[TurnResult], None],
+               history: Sequence[Attempt] = ()) -> None:
+        """Score one response (``history``: its trajectory's earlier attempts); ``done`` gets its result as soon as
+        it is known (on any thread)."""
         ...
 
     def close(self) -> None:
@@ -65,8 +67,9 @@ class Environment(Protocol):
         """The user message for the next turn and how many earlier attempts were dropped to fit."""
         ...
 
-    def step(self, tasks: Sequence[Problem], responses: Sequence[str], response_ids: Sequence[list[int]]) -> list[TurnResult]:
-        """Score one response per task (one batch)."""
+    def step(self, tasks: Sequence[Problem], responses: Sequence[str], response_ids: Sequence[list[int]],
+             histories: Sequence[Sequence[Attempt]] | None = None) -> list[TurnResult]:
+        """Score one response per task (one batch; ``histories``: each trajectory's earlier attempts)."""
         ...
 
     def close(self) -> None:
@@ -84,11 +87,13 @@ class KernelEnv:
     def prompt(self, task: Problem, history: list[Attempt], max_tokens: int, count_tokens: Callable[[str], int]) -> tuple[str, int]:
         return turn_prompt(task.source, self.backend, history, max_tokens, count_tokens)
 
-    def step(self, tasks: Sequence[Problem], responses: Sequence[str], response_ids: Sequence[list[int]]) -> list[TurnResult]:
+    def step(self, tasks: Sequence[Problem], responses: Sequence[str], response_ids: Sequence[list[int]],
+             histories: Sequence[Sequence[Attempt]] | None = None) -> list[TurnResult]:
         # lazy: the records' readers (kevin_exp.show, transcripts) import this module and need no evaluator
         from kevin_exp.bench.evaluator import EvalItem
 
-        parsed = [self.parse(t, text) for t, text in zip(tasks, responses)]
+        histories = histories if histories is not None else [()] * len(tasks)
+        parsed = [self.parse(t, text, h) for t, text, h in zip(tasks, responses, histories)]
         items = [EvalItem(t.problem_id, t.source, p.code) for t, p in zip(tasks, parsed) if p.ok]
         verdicts = iter(self.evaluator.evaluate(items)) if items else iter(())
         return [self._result(p, next(verdicts) if p.ok else None) for p in parsed]
@@ -96,8 +101,9 @@ class KernelEnv:
     def scorer(self) -> "TurnScorer":
         return _KernelScorer(self)
 
-    def parse(self, task: Problem, text: str) -> ParsedResponse:
-        """The candidate program a response submits (``MenuEnv`` reads a menu letter instead)."""
+    def parse(self, task: Problem, text: str, history: Sequence[Attempt] = ()) -> ParsedResponse:
+        """The candidate program a response submits (``MenuEnv`` reads a menu letter instead, which may mean what
+        the trajectory's earlier attempts made of it)."""
         return parse_response(text)
 
     def _result(self, p, verdict) -> TurnResult:
@@ -124,10 +130,11 @@ class _KernelScorer:
         self.env = env
         self.session = env.evaluator.session()
 
-    def submit(self, task: Problem, response: str, response_ids: list[int], done: Callable[[TurnResult], None]) -> None:
+    def submit(self, task: Problem, response: str, response_ids: list[int], done: Callable[[TurnResult], None],
+               history: Sequence[Attempt] = ()) -> None:
         from kevin_exp.bench.evaluator import EvalItem  # lazy, as in KernelEnv.step
 
-        p = self.env.parse(task, response)
+        p = self.env.parse(task, response, history)
         if not p.ok:
             done(self.env._result(p, None))
             return
@@ -143,8 +150,9 @@ class ScoredAtOnce:
     def __init__(self, env: "Environment") -> None:
         self.env = env
 
-    def submit(self, task: Problem, response: str, response_ids: list[int], done: Callable[[TurnResult], None]) -> None:
-        done(self.env.step([task], [response], [response_ids])[0])
+    def submit(self, task: Problem, response: str, response_ids: list[int], done: Callable[[TurnResult], None],
+               history: Sequence[Attempt] = ()) -> None:
+        done(self.env.step([task], [response], [response_ids], [history])[0])
 
     def close(self) -> None:
         pass
@@ -163,7 +171,8 @@ class SyntheticEnv:
         lines = [f"Task {task.problem_id}: write tokens."] + [f"Attempt {i + 1}: {a.feedback}" for i, a in enumerate(history)]
         return "\n".join(lines), 0
 
-    def step(self, tasks: Sequence[Problem], responses: Sequence[str], response_ids: Sequence[list[int]]) -> list[TurnResult]:
+    def step(self, tasks: Sequence[Problem], responses: Sequence[str], response_ids: Sequence[list[int]],
+             histories: Sequence[Sequence[Attempt]] | None = None) -> list[TurnResult]:
         out = []
         for ids in response_ids:
             share = sum(1 for i in ids if i < self.target_below) / max(1, len(ids))

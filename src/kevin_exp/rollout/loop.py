@@ -112,9 +112,9 @@ def run_rollout(
             sample.result = result
             trajectory.history.append(result.attempt)
 
-    def evaluate(batch: list[TurnSample]) -> tuple[list[TurnResult], float]:
+    def evaluate(batch: list[TurnSample], histories: list[list[Attempt]]) -> tuple[list[TurnResult], float]:
         t0 = time.perf_counter()
-        results = env.step([s.task for s in batch], [s.text for s in batch], [s.response_ids for s in batch])
+        results = env.step([s.task for s in batch], [s.text for s in batch], [s.response_ids for s in batch], histories)
         return results, time.perf_counter() - t0
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate") as pool:
@@ -143,7 +143,7 @@ def run_rollout(
                                             logprobs=list(gen.logprobs))
                         samples[(traj.task.problem_id, traj.index, turn)] = sample
                         batch.append(sample)
-                    pending[gi] = (pool.submit(evaluate, batch), batch)
+                    pending[gi] = (pool.submit(evaluate, batch, [list(t.history) for t in group]), batch)
                     if on_turn is not None:
                         on_turn(turn, gi, seconds)
             for gi in list(pending):
@@ -216,7 +216,7 @@ def _pipelined(tasks, generator, env, encode_prompt, count_tokens, settings: Rol
                     busy_since = time.perf_counter()
                 outstanding += 1
                 scorer.submit(traj.task, gen.text, gen.response_ids,
-                              lambda result, item=(traj, sample): landed.put((*item, result)))
+                              lambda result, item=(traj, sample): landed.put((*item, result)), list(traj.history))
             if on_turn is not None and max(turns) > reported:  # progress: once per turn, when it is first generated
                 reported = max(turns)
                 on_turn(reported, 0, seconds)

@@ -1,57 +1,62 @@
 """The environment of ``tasks=kernel_menu``: a short menu prompt, and answers read as a letter of the menu.
 
-It is ``KernelEnv`` with two parts swapped: the prompt (the reference's forward pass, the menu, and every earlier turn's
-answer with the evaluator's verdict and speedup, plus the order of the menu once a probe has shown it) and the
-reading of a response (the letter named, turned into the kernel it stands for). Evaluation, scoring and the
-feedback text of a verdict are ``KernelEnv``'s own.
+It is ``KernelEnv`` with two parts swapped: the prompt (what the reference computes, the menu, and every earlier
+turn's answer with the evaluator's verdict and speedup, plus what a profile showed) and the reading of a response
+(the letter named, turned into the kernel it stands for: ``A`` builds the fast kernel once the trajectory has
+taken the profile). Evaluation, scoring and the feedback text of a verdict are ``KernelEnv``'s own.
 """
 from __future__ import annotations
 
-from typing import Callable
+import ast
+import functools
+from typing import Callable, Sequence
 
 from kevin_exp.rollout.env import KernelEnv, ScoreWeights
 from kevin_exp.rollout.parsing import ParsedResponse
 from kevin_exp.rollout.prompts import RESTART, Attempt, feedback_text
 from kevin_exp.tasks import Problem
-from kevin_exp.tasks.kernel_menu import LETTERS, PROBE, MenuProblem, parse_menu_answer
-from kevin_exp.tasks.kernel_menu.answers import OPTIONS
-from kevin_exp.tasks.kernel_menu.menu import forward_body
+from kevin_exp.tasks.kernel_menu import OPTIONS, PROFILE, MenuProblem, parse_menu_answer
 
 DEVICE = {"cpu": "CPU", "cuda": "GPU"}
 
-INTRO = "Make this PyTorch forward pass faster on the {device}:"
-MENU = ("C++ kernels A, B, C, D and E compute it: one is fast, one is slow, two are wrong, one does not build, in an "
-        "order you are not told. P submits the slow kernel and shows you the order.")
+INTRO = "Make this PyTorch program faster on the {device}: {what}"
+MENU = ("A submits its C++ kernel as it stands: one thread, unoptimised. B and C submit two other kernels. "
+        "P profiles A first: it submits the same kernel, and the profile shows how to make A fast.")
+PROFILED = "The profile showed that the loop vectorises and splits over threads: A now submits that kernel."
 ASK = "Answer with one letter: " + ", ".join(OPTIONS[:-1]) + " or " + OPTIONS[-1] + "."
 
-# how the order of the menu reads once a probe has shown it
-SHOWN = {"slow": "{} is slow", "off_by_one": "{} is wrong", "half": "{} is wrong", "broken": "{} does not build"}
+
+@functools.lru_cache(maxsize=None)
+def what_it_computes(source: str) -> str:
+    """The first line of the reference ``Model``'s docstring (every token of the prompt costs a forward and a
+    backward pass of the policy on a CPU: the program itself would be most of it)."""
+    model = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "Model")
+    return (ast.get_docstring(model) or "Model").splitlines()[0].strip()
 
 
-def shown_order(task: MenuProblem) -> str:
-    others = "; ".join(SHOWN[kind].format(letter) for letter, kind in zip(LETTERS, task.deal) if kind != "fast")
-    return f"The probe showed the order: the fast kernel is {task.letter_of('fast')}; {others}."
+def profiled(history: Sequence[Attempt]) -> bool:
+    """Whether the trajectory took the profile on an earlier turn."""
+    return any(a.summary == PROFILE for a in history)
 
 
-def turn_text(i: int, attempt: Attempt, task: MenuProblem) -> str:
+def turn_text(i: int, attempt: Attempt) -> str:
     said = f"you answered {attempt.summary}" if attempt.summary else "your answer named no option"
     verdict = feedback_text(attempt).removesuffix(RESTART).strip()
     text = f"Turn {i}: {said}. {verdict}"
-    if attempt.summary == PROBE:
-        text += "\n" + shown_order(task)
+    if attempt.summary == PROFILE:
+        text += "\n" + PROFILED
     return text
 
 
 def menu_prompt(task: MenuProblem, history: list[Attempt], backend: str) -> str:
-    # the reference's forward pass, not the whole program: every token of the prompt costs a forward and a backward
-    # pass of the policy on a CPU, and the rest of the program (imports, sizes, inputs) is the same for every task
-    parts = [INTRO.format(device=DEVICE.get(backend, backend)) + "\n" + forward_body(task.source), MENU]
-    parts += [turn_text(i + 1, a, task) for i, a in enumerate(history)]
+    parts = [INTRO.format(device=DEVICE.get(backend, backend), what=what_it_computes(task.source)), MENU]
+    parts += [turn_text(i + 1, a) for i, a in enumerate(history)]
     return "\n\n".join([*parts, ASK])
 
 
 class MenuEnv(KernelEnv):
-    """``feedback=False`` is the control in which no turn sees the earlier ones (each prompt is the first turn's)."""
+    """``feedback=False`` is the control in which no turn sees the earlier ones (each prompt is the first turn's);
+    a profile taken still changes what ``A`` submits."""
 
     def __init__(self, evaluator, weights: ScoreWeights = ScoreWeights(), feedback: bool = True) -> None:
         super().__init__(evaluator, weights)
@@ -68,7 +73,7 @@ class MenuEnv(KernelEnv):
                 return text, dropped
             dropped += 1
 
-    def parse(self, task: Problem, text: str) -> ParsedResponse:
+    def parse(self, task: Problem, text: str, history: Sequence[Attempt] = ()) -> ParsedResponse:
         assert isinstance(task, MenuProblem), f"{task.problem_id} is not a kernel-menu task"
-        answer = parse_menu_answer(text, task, self.backend)
+        answer = parse_menu_answer(text, task, self.backend, profiled(history))
         return ParsedResponse(answer.candidate, answer.letter, "", answer.error)

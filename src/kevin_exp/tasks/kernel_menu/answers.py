@@ -1,17 +1,17 @@
 """A kernel-menu answer: the first option letter the response names, and the candidate program it stands for.
 
-An answer is a few tokens: ``C``, ``C.``, ``Option C`` or ``P (probe)`` all answer C or P. The first capital letter
-standing alone that names an option counts (so a ``I`` or ``A`` used as a word before it is read as written: the
-policy learns to answer with the letter first). A response naming no option is a format error.
+An answer is a few tokens: ``C``, ``C.``, ``Option C`` or ``P (profile)`` all answer C or P. The first capital letter
+standing alone that names an option counts (so an ``A`` used as a word before it is read as written: the policy
+learns to answer with the letter first). A response naming none is a format error.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from kevin_exp.tasks.kernel_menu.menu import LETTERS, PROBE, MenuProblem
+from kevin_exp.tasks.kernel_menu.menu import LETTERS, PROFILE, MenuProblem
 
-OPTIONS = (*LETTERS, PROBE)
+OPTIONS = (*LETTERS, PROFILE)
 # a letter that is part of a name (C++, C#, P-value, A.B) is no answer
 _OPTION = re.compile(r"(?<![A-Za-z0-9_+#.-])([" + "".join(OPTIONS) + r"])(?![A-Za-z0-9_+#]|[.-][A-Za-z0-9])")
 
@@ -35,8 +35,9 @@ def option_in(text: str) -> str:
     return match.group(1) if match else ""
 
 
-def parse_menu_answer(text: str, problem: MenuProblem, backend: str) -> MenuAnswer:
+def parse_menu_answer(text: str, problem: MenuProblem, backend: str, profiled: bool) -> MenuAnswer:
+    """``profiled``: whether an earlier turn of the trajectory took the profile (``A`` then submits the fast kernel)."""
     letter = option_in(text)
     if not letter:
         return MenuAnswer("", None, f"no option letter found in the answer; answer with one of {', '.join(OPTIONS)}")
-    return MenuAnswer(letter, problem.candidate(letter, backend))
+    return MenuAnswer(letter, problem.candidate(letter, backend, profiled))

@@ -4,8 +4,7 @@ Each kind is an honest implementation strategy, not a stub. ``fast`` is one fuse
 tensor with OpenMP at -O3 -march=native -ffast-math (the reference makes one pass per operator and a temporary
 tensor for each). ``slow`` is the same arithmetic in a single thread, unoptimised (-O0), element by element
 through tensor accessors, walking the (rows, cols) tensor column by column, so every load lands in a different
-cache line. ``off_by_one`` reads each output's left neighbour; ``half`` writes the first half of the output and
-copies the input into the rest; ``broken`` names a variable it never declared.
+cache line. ``off_by_one`` reads each output's left neighbour; ``broken`` names a variable it never declared.
 """
 from __future__ import annotations
 
@@ -55,9 +54,6 @@ SLOW = """    (void)in; (void)o; (void)n;
 OFF_BY_ONE = """    #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) o[i] = op(in[i > 0 ? i - 1 : 0]);"""
 
-HALF = """    #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) o[i] = i < n / 2 ? op(in[i]) : in[i];"""
-
 BROKEN = """    #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) o[i] = op(in[j]);"""
 
@@ -70,7 +66,6 @@ KERNELS: dict[str, tuple[str, tuple[list[str], list[str]]]] = {
     "fast": (FAST, VECTORISED),
     "slow": (SLOW, (["-O0"], [])),
     "off_by_one": (OFF_BY_ONE, OPENMP_O3),
-    "half": (HALF, OPENMP_O3),
     "broken": (BROKEN, OPENMP_O3),
 }
 

@@ -1,31 +1,34 @@
-"""The kernel menu: KernelBench-format reference programs, each with a menu of real kernels dealt to letters.
+"""The kernel menu: KernelBench-format reference programs, each with a menu of real kernels behind letters.
 
-Every reference has five kernels (``KINDS``: fast, slow, two wrong ones, one that does not build). A task of the
-suite is one reference with one *deal*: the order in which its five kernels sit behind the letters A to E. The
-prompt never says the order; a task's id does (``kernel_menu/level1/<number>/<deal>``, the deal as one code letter
-per kind, e.g. ``fsohb``: A fast, B slow, C off by one, D half, E broken). The answer ``P`` (the probe) submits the
-slow kernel and reveals the deal. Every deal of every reference is a task, so a policy cannot learn which letter is
-fast from the prompt: only a turn's feedback tells (docs/learning.md).
+Every reference has four kernels (``KINDS``): a fast one, a slow one, a wrong one and one that does not build. The
+menu (``LETTERS`` and ``PROFILE``) is the same for every reference:
+
+- ``A`` submits the reference's kernel as it stands: the slow one, until a profile has been taken; after it, the
+  fast one the profile leads to;
+- ``B`` submits the wrong kernel and ``C`` the one that does not build;
+- ``P`` (the profile) submits the slow kernel too, and from then on ``A`` builds the fast one.
+
+So the profile is worth no more than ``A`` on its own turn and pays only on a later one, through ``A``: the move
+that a discount of 0 cannot credit (docs/learning.md). A task is one reference (``kernel_menu/level1/<number>``).
 """
 from __future__ import annotations
 
 import ast
 import functools
-import itertools
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kevin_exp.tasks.kernel_menu.cpu_kernels import cpu_program
 from kevin_exp.tasks.problem import Problem
 
 MENU_ROOT = Path(__file__).resolve().parent
-KINDS = ("fast", "slow", "off_by_one", "half", "broken")
-KIND_CODES = {"fast": "f", "slow": "s", "off_by_one": "o", "half": "h", "broken": "b"}
-LETTERS = ("A", "B", "C", "D", "E")
-PROBE = "P"
-# the kernel a probe submits
-PROBE_KIND = "slow"
+KINDS = ("fast", "slow", "off_by_one", "broken")
+LETTERS = ("A", "B", "C")
+PROFILE = "P"
+# what each letter submits before a profile was taken (A changes once one was)
+BEFORE_PROFILE = {"A": "slow", "B": "off_by_one", "C": "broken", PROFILE: "slow"}
+AFTER_PROFILE = {**BEFORE_PROFILE, "A": "fast"}
 MENU_BACKENDS = ("cpu",)
 
 # each reference's per-element function in C++ (of ``float v``): what every kind of its menu computes
@@ -37,16 +40,12 @@ EXPRESSIONS = {
 
 @dataclass(frozen=True, repr=False)
 class MenuProblem(Problem):
-    """One reference with one deal: ``deal[i]`` is the kind of kernel behind ``LETTERS[i]``."""
+    """One reference program and its menu."""
 
-    deal: tuple[str, ...] = field(default=KINDS)
-
-    def kind_of(self, letter: str) -> str:
-        """The kind of kernel an answer submits (the probe submits ``PROBE_KIND``)."""
-        return PROBE_KIND if letter == PROBE else self.deal[LETTERS.index(letter)]
-
-    def letter_of(self, kind: str) -> str:
-        return LETTERS[self.deal.index(kind)]
+    @staticmethod
+    def kind_of(letter: str, profiled: bool) -> str:
+        """The kind of kernel an answer submits, once a profile was taken (``profiled``) or not."""
+        return (AFTER_PROFILE if profiled else BEFORE_PROFILE)[letter]
 
     def program(self, kind: str, backend: str) -> str:
         """The candidate program of one kind of this reference's menu, for ``backend``."""
@@ -54,9 +53,9 @@ class MenuProblem(Problem):
             raise ValueError(f"backend={backend!r}: the kernel menu has kernels for {', '.join(MENU_BACKENDS)} only")
         return cpu_program(kind, EXPRESSIONS[self.name], name=f"kernel_menu_{self.number}_{kind}")
 
-    def candidate(self, letter: str, backend: str) -> str:
-        """The program an answer (a letter or the probe) submits."""
-        return self.program(self.kind_of(letter), backend)
+    def candidate(self, letter: str, backend: str, profiled: bool) -> str:
+        """The program an answer (a letter or the profile) submits."""
+        return self.program(self.kind_of(letter, profiled), backend)
 
     def solution(self, backend: str) -> str | None:
         return self.program("fast", backend)
@@ -64,16 +63,12 @@ class MenuProblem(Problem):
 
 @functools.lru_cache(maxsize=None)
 def forward_body(source: str) -> str:
-    """The statements of ``Model.forward`` in a reference program, dedented (what the menu prompt shows of it)."""
+    """The statements of ``Model.forward`` in a reference program, dedented."""
     tree = ast.parse(source)
     model = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model")
     forward = next(n for n in model.body if isinstance(n, ast.FunctionDef) and n.name == "forward")
     lines = source.splitlines()[forward.body[0].lineno - 1 : forward.body[-1].end_lineno]
     return textwrap.dedent("\n".join(lines))
-
-
-def deal_code(deal: tuple[str, ...]) -> str:
-    return "".join(KIND_CODES[k] for k in deal)
 
 
 def menu_levels() -> list[int]:
@@ -93,13 +88,7 @@ def menu_references(levels: list[int] | tuple[int, ...] = (1,)) -> list[tuple[in
 
 
 def load_menu(levels: list[int] | tuple[int, ...] = (1,)) -> list[MenuProblem]:
-    """Every deal of every reference of ``levels``: 120 tasks per reference, sorted by (reference, deal)."""
-    problems = []
-    for level, number, path in menu_references(levels):
-        source = path.read_text()
-        for deal in itertools.permutations(KINDS):
-            problems.append(MenuProblem(
-                problem_id=f"kernel_menu/level{level}/{number}/{deal_code(deal)}", name=path.stem, level=level,
-                number=number, source=source, path=path, suite="kernel_menu", deal=deal,
-            ))
-    return problems
+    """One task per reference of ``levels``, sorted."""
+    return [MenuProblem(problem_id=f"kernel_menu/level{level}/{number}", name=path.stem, level=level, number=number,
+                        source=path.read_text(), path=path, suite="kernel_menu")
+            for level, number, path in menu_references(levels)]
