@@ -33,15 +33,18 @@ def noisy_blocks(ms: float) -> list[list[float]]:
 
 
 class Script:
-    """Measurements handed out in order; counts them, and fails the test if more are asked for than scripted."""
+    """Measurements handed out in order; counts them, and fails the test if more are asked for than scripted.
+    ``contention``: the CPU pressure each one saw (None: the kernel does not say)."""
 
-    def __init__(self, *blocks: list[list[float]], statistic: str = "min") -> None:
+    def __init__(self, *blocks: list[list[float]], statistic: str = "min",
+                 contention: tuple[float | None, ...] = ()) -> None:
         self.blocks, self.statistic, self.made = list(blocks), statistic, 0
+        self.contention = list(contention) or [None] * len(self.blocks)
 
     def __call__(self) -> Measurement:
         assert self.made < len(self.blocks), "measured more often than the policy should"
         self.made += 1
-        return Measurement.from_blocks(self.blocks[self.made - 1], self.statistic)
+        return Measurement.from_blocks(self.blocks[self.made - 1], self.statistic, self.contention[self.made - 1])
 
 
 def run(timings: ReferenceTimings, script: Script, refresh: bool = False, config: BenchConfig = CONFIG):
@@ -237,3 +240,41 @@ def test_a_max_spread_of_zero_is_the_backends_own():
     assert BenchConfig(backend="cuda").max_reference_spread == 0.10
     assert BenchConfig(backend="cpu").max_reference_spread == 0.30
     assert BenchConfig(backend="cpu", reference_max_spread=0.05).max_reference_spread == 0.05
+
+
+def test_a_measurement_on_oversubscribed_cores_is_not_cached_however_low_its_spread(timings):
+    """Compiles beside the reference on 2 cores slowed every block alike (0.45 ms measured at 62 ms): the spread
+    is low, the CPU pressure is not. Measured again while contended; the least contended is used for this run
+    only, and a later quiet measurement is cached."""
+    busy = Script(quiet_blocks(62.0), quiet_blocks(60.0), quiet_blocks(61.0), contention=(0.95, 0.9, 0.97))
+    m, use, cached = run(timings, busy)
+    assert busy.made == 3 and not cached and m.value == 60.0 and m.contention == 0.9
+    assert use["noisy"] and not use["cached"] and use["contention"] == 0.9 and use["max_contention"] == 0.25
+    assert timings.get(KEY) is None
+    calm = Script(quiet_blocks(0.45), contention=(0.05,))
+    m, use, cached = run(timings, calm)
+    assert m.value == 0.45 and use["cached"] and not use["noisy"] and timings.get(KEY)["contention"] == 0.05
+    # on a kernel without pressure information a measurement is judged by its spread alone
+    assert Measurement.from_blocks(quiet_blocks(1.0), "min").quiet(CONFIG)
+
+
+def test_a_timing_cached_before_the_pressure_was_recorded_is_measured_again_once(timings):
+    run(timings, Script(quiet_blocks(55.0)))
+    old = {k: v for k, v in timings.get(KEY).items() if k != "contention"}
+    timings.put(KEY, old)
+    again = Script(quiet_blocks(0.8), contention=(0.02,))
+    m, _, cached = run(timings, again)
+    assert again.made == 1 and m.value == 0.8 and not cached and timings.get(KEY)["contention"] == 0.02
+    m, _, cached = run(timings, Script())  # now cached with it: not measured again
+    assert cached and m.value == 0.8
+
+
+def test_a_timing_cached_under_a_looser_contention_limit_is_measured_again(timings):
+    loose = BenchConfig(**{**CONFIG.__dict__, "reference_max_contention": 1.0})
+    run(timings, Script(quiet_blocks(5.0), contention=(0.8,)), config=loose)
+    assert timings.get(KEY)["value"] == 5.0
+    again = Script(quiet_blocks(0.5), contention=(0.0,))
+    m, _, cached = run(timings, again)
+    assert again.made == 1 and m.value == 0.5 and not cached and timings.get(KEY)["value"] == 0.5
+    with pytest.raises(ValueError, match="reference_max_contention"):
+        BenchConfig(reference_max_contention=2.0)

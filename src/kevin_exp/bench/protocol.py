@@ -89,11 +89,12 @@ def reference_timing(ref: ReferenceProcess, timings: ReferenceTimings, source: s
     def measure() -> Measurement:
         quiet()
         blocks = []
+        contention = cpu_pressure.Window()
         for _ in range(REFERENCE_TIMING_BLOCKS):
             reply = ref.call({"op": "time", "seed": secrets.randbits(63), "warmup": config.warmup_trials,
                               "trials": config.timed_trials}, limit)
             blocks.append([float(x) for x in reply["ms"]])
-        return Measurement.from_blocks(blocks, config.timing_statistic)
+        return Measurement.from_blocks(blocks, config.timing_statistic, contention.share())
 
     # on cpu every measurement shares the machine's cores: one at a time across the jobs sharing the cache; on cuda
     # each device has its own, and only the same reference is never measured twice at once

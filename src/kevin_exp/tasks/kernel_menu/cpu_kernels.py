@@ -3,8 +3,7 @@
 Each kind is an honest implementation strategy, not a stub. ``fast`` is one fused, vectorised pass over the
 tensor with OpenMP at -O3 -march=native -ffast-math (the reference makes one pass per operator and a temporary
 tensor for each). ``slow`` is the same arithmetic in a single thread, unoptimised (-O0), element by element
-through tensor accessors, walking the (rows, cols) tensor column by column, so every load lands in a different
-cache line. ``off_by_one`` reads each output's left neighbour; ``broken`` names a variable it never declared.
+through tensor accessors. ``off_by_one`` reads each output's left neighbour; ``broken`` names a variable it never declared.
 """
 from __future__ import annotations
 
@@ -48,8 +47,8 @@ FAST = """    #pragma omp parallel for simd schedule(static)
 SLOW = """    (void)in; (void)o; (void)n;
     auto a = x.accessor<float, 2>();
     auto b = out.accessor<float, 2>();
-    for (int64_t c = 0; c < x.size(1); ++c)
-        for (int64_t r = 0; r < x.size(0); ++r) b[r][c] = op(a[r][c]);"""
+    for (int64_t r = 0; r < x.size(0); ++r)
+        for (int64_t c = 0; c < x.size(1); ++c) b[r][c] = op(a[r][c]);"""
 
 OFF_BY_ONE = """    #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) o[i] = op(in[i > 0 ? i - 1 : 0]);"""
