@@ -448,6 +448,17 @@ def test_training_curves_complete_metrics_from_turn_rows(hand_runs):
     assert curves["not_okay_ratio"].tolist() == [0.5, 0.0]  # not logged: step 1 flags (T, F), step 2 (F, F)
     assert curves["reward_max"].tolist() == pytest.approx([0.0, 1.3])  # not logged: 0.3 + 1.0x at step 2
     assert curves["grad_norm"].tolist() == [0.5, 0.25]
+    assert curves["fast_ratio"].tolist() == [0.0, 0.0]  # the one correct kernel is 1.0x: not faster
+
+
+def test_the_fast_share_counts_trajectories_whose_best_turn_is_correct_and_faster(tmp_path):
+    rows = [*turn_rows("train", 1, "T1", [[F, (True, 1.5)], [(True, 0.5), (True, 0.9)]]),
+            *turn_rows("train", 1, "T2", [[(True, 2.0), F], [F, F]]),
+            *turn_rows("train", 2, "T1", [[(True, 1.2), (True, 1.1)], [F, (True, 3.0)]])]
+    run_dir = write_run(tmp_path / "sweep" / "run_A", hand_config("A", tmp_path / "sweep" / "run_A"), rows)
+    [run] = load_runs([str(run_dir)])
+    curves = training_curves([run], ["A"]).set_index("step")
+    assert curves["fast_ratio"].tolist() == [0.5, 1.0]  # step 1: 2 of 4 trajectories; step 2: both
 
 
 # ---------------------------------------------------------------- evaluations of checkpoints

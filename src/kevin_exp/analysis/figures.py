@@ -17,7 +17,8 @@ from kevin_exp.analysis.training import turn_columns
 SCALING_METRICS = (("correct", "correctness"), ("speedup", "mean speedup (x)"))
 K_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 TRAINING_PANELS = (("reward_mean", "reward (mean; max dotted)"),
-                   (None, "correctness per turn (lighter: earlier turns)"), ("not_okay_ratio", "not-okay ratio"),
+                   (None, "correct per turn (lighter: earlier turns); dashed: best turn faster than PyTorch"),
+                   ("not_okay_ratio", "not-okay ratio"),
                    ("grad_norm", "grad norm"), ("loss", "loss"), (None, "time per step (s)"))
 TIME_STYLES = {"generate_s": "-", "evaluate_s": "--", "train_s": ":"}
 
@@ -101,6 +102,7 @@ def training_figure(curves: pd.DataFrame) -> Figure:
         plot(0, data, "reward_max", variant, linestyle=":", marker=".")
         for j, column in enumerate(per_turn):
             plot(1, data, column, variant, marker=".", alpha=0.35 + 0.65 * (j + 1) / len(per_turn))
+        plot(1, data, "fast_ratio", variant, linestyle="--", marker=".")
         for column, style in TIME_STYLES.items():
             plot(5, data, column, variant, linestyle=style, marker=".")
     first, last = int(curves["step"].min()), int(curves["step"].max())

@@ -9,8 +9,8 @@ import pandas as pd
 
 from kevin_exp.analysis.loading import Run
 
-SCALARS = ("reward_mean", "reward_max", "correct_ratio", "not_okay_ratio", "grad_norm", "loss", "generate_s",
-           "evaluate_s", "train_s", "step_s")
+SCALARS = ("reward_mean", "reward_max", "correct_ratio", "fast_ratio", "not_okay_ratio", "grad_norm", "loss",
+           "generate_s", "evaluate_s", "train_s", "step_s")
 TURN_COLUMN = re.compile(r"correct_turn_(\d+)")
 
 
@@ -32,6 +32,11 @@ def _from_turn_rows(rows: pd.DataFrame) -> pd.DataFrame:
         derived["reward_max"] = by_step["score"].max()
     if "not_okay" in train:
         derived["not_okay_ratio"] = by_step["not_okay"].mean()
+    if "speedup" in train and {"task_id", "trajectory"} <= set(train.columns):
+        # the share of trajectories whose best turn is correct and faster than the reference (Kevin's fast_1, per trajectory)
+        faster = train["correct"].astype(bool) & (pd.to_numeric(train["speedup"], errors="coerce").fillna(0) > 1)
+        best = faster.groupby([train["step"], train["task_id"], train["trajectory"]]).any()
+        derived["fast_ratio"] = best.groupby(level="step").mean()
     per_turn = train.groupby(["step", "turn"])["correct"].mean().unstack("turn")
     per_turn.columns = [f"correct_turn_{int(t)}" for t in per_turn.columns]
     return derived.join(per_turn).astype(float)

@@ -20,10 +20,10 @@ from kevin_exp.tasks.kernel_menu import OPTIONS, PROFILE, MenuProblem, parse_men
 DEVICE = {"cpu": "CPU", "cuda": "GPU"}
 
 INTRO = "Make this PyTorch program faster on the {device}: {what}"
-MENU = ("A submits its C++ kernel as it stands: one thread, unoptimised. B and C submit two other kernels. "
-        "P profiles A first: it submits the same kernel, and the profile shows how to make A fast.")
+MENU = ("P profiles the C++ kernel first: it submits the kernel as it stands, and the profile shows how to make A "
+        "fast. A submits the kernel as it stands: one thread, unoptimised. B and C submit two other kernels.")
 PROFILED = "The profile showed that the loop vectorises and splits over threads: A now submits that kernel."
-ASK = "Answer with one letter: " + ", ".join(OPTIONS[:-1]) + " or " + OPTIONS[-1] + "."
+ASK = "Answer with one letter: P, A, B or C."
 
 
 @functools.lru_cache(maxsize=None)
