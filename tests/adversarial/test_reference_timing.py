@@ -16,7 +16,7 @@ import uuid
 import pytest
 import torch
 
-from kevin_exp.bench import Status
+from kevin_exp.bench import Status, cpu_pressure
 from kevin_exp.bench.checks import check_candidate
 from kevin_exp.bench.evaluator import EvalItem, Evaluator
 from kevin_exp.bench.reference_process import ReferenceTimings
@@ -141,9 +141,11 @@ def test_rechecked_reference_does_not_drift_on_a_loaded_box(build_cache):
     loaded can be quiet and still slow, so a recheck may correct it once; what must not happen is drift: the cached
     figure changes only when a recheck disagreed and a third measurement confirmed the new figure (both recorded in
     the cache's history), at most once in six rechecks, and it stands afterwards. Every verdict records the
-    reference timings it used."""
+    reference timings it used. The CPU-pressure rule is off here (``reference_max_contention=1``): with it, nothing
+    is cached on this box at all (the next test), and the spread rule alone is what this is about."""
     # (the recheck's and the hidden-time check's own verdicts are not what this is about)
-    cfg = config(build_cache, recheck_speedup=0.01, recheck_tolerance=100.0, hidden_time_check=False, **BOX)
+    cfg = config(build_cache, recheck_speedup=0.01, recheck_tolerance=100.0, hidden_time_check=False,
+                 reference_max_contention=1.0, **BOX)
     problem = fresh_problem("drift")
     with Evaluator(cfg) as ev:  # built before the box is loaded: builds are not what this is about
         for spec in check_candidate(HONEST, cfg.backend, cfg.rules)[0].specs:
@@ -182,3 +184,30 @@ def test_rechecked_reference_does_not_drift_on_a_loaded_box(build_cache):
         assert latest and "replaces" in latest["decision"], (values, latest)  # a recorded, confirmed replacement
         assert latest["cached_ms"] == values[i - 1] and records[i]["how"] == "re-measured", (values, latest)
         assert values[i] in (latest["measured_ms"], latest["third_ms"]), (values, latest)
+
+
+def test_a_reference_timed_on_oversubscribed_cores_is_not_cached(build_cache):
+    """Two spinning processes on a 2-core box (one core for the evaluator): every block of the reference's timing
+    waits for a core alike, so the spread may be low while the figure is slow. With the default CPU-pressure rule
+    the timing is used for its verdict alone, marked noisy with the contention it saw, and never cached."""
+    if cpu_pressure.stall_us() is None:  # a kernel without pressure information: the spread rule alone applies
+        return
+    cfg = config(build_cache, recheck_speedup=1e9, **BOX)
+    problem = fresh_problem("oversubscribed")
+    with Evaluator(cfg) as ev:  # built before the box is loaded
+        for spec in check_candidate(HONEST, cfg.backend, cfg.rules)[0].specs:
+            assert not hasattr(ev._build_future(spec).result(), "log"), "the build failed"
+    spin = "import time\nend = time.monotonic() + 600\nwhile time.monotonic() < end: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3)]
+    try:
+        with Evaluator(cfg) as ev:
+            [v] = ev.evaluate([EvalItem("oversubscribed", problem, HONEST)])
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert v.status is Status.OK, v.reason
+    ref = assert_reference_recorded(v, cfg)
+    assert ref["contention"] > cfg.reference_max_contention and ref["noisy"] and not ref["cached"], ref
+    assert ref["attempts"] == 1 + cfg.reference_retries, ref  # measured again while contended
+    assert cached_record(cfg, problem, v.device) is None

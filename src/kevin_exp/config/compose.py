@@ -1,5 +1,6 @@
-"""From a composed DictConfig to the typed schema, every setting checked (``to_typed``);
-and a schema object back from a recorded config (``config_from_dict``)."""
+"""From a composed DictConfig to the typed schema, every setting checked (``to_typed``); the typed config of a
+command line's overrides, outside a Hydra job (``compose_overrides``); and a schema object back from a recorded
+config (``config_from_dict``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -39,6 +40,24 @@ def hydra_overrides() -> list[str]:
     from hydra.core.hydra_config import HydraConfig
 
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def compose_overrides(overrides: list[str], run_dir: str = "unused") -> TrainConfig:
+    """The typed config `python -m kevin_exp.train <overrides>` would run with (for scripts, benchmarks, tests)."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from kevin_exp.config.resolvers import register_resolvers
+    from kevin_exp.config.store import register_configs
+
+    register_configs()
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    conf = Path(__file__).resolve().parents[3] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3", job_name="train"):
+        return to_typed(compose(config_name="train", overrides=[*overrides, f"run_dir={run_dir}"]))
 
 
 def to_typed(cfg: Any) -> TrainConfig:
