@@ -1,16 +1,17 @@
 """How the reference's time is measured, cached and measured again (docs/hack_defences.md, "Timing protocol").
 
 A measurement is ``REFERENCE_TIMING_BLOCKS`` blocks of timed calls in the trusted reference process; each block is
-reduced with the statistic the speedup uses (``timing_statistic``: min or median) and the block with the least
-value is kept (the quietest). Its spread is the relative spread of the blocks' values, ``(max - min) / min``: how
-far the figure a speedup divides by moved while it was measured. Only a measurement whose spread is at most
-``reference_max_spread``, made while some task waited for a CPU during at most ``reference_max_contention`` of
-its wall time (oversubscribed cores slow every block alike, so the spread cannot tell), is cached; a noisier one is measured again (``reference_retries`` times,
-``reference_retry_wait_s`` apart) and, if none is quiet, the quietest is used for this run alone and the verdict
-says so (``noisy``). A recheck measures again: a measurement that agrees with the cached one (within the relative
-``reference_agreement``) leaves it as it is; one that disagrees is recorded, and a third measurement decides
-(it sides with the cached one: kept; with the new one: the quieter of the two agreeing replaces it; with neither:
-the quietest of the three by spread), so the cached figure never moves silently, up or down.
+reduced with the statistic the speedup uses (``timing_statistic``: min or median) and the block with the least value
+is kept (the quietest). Its spread is the relative spread of the blocks' values, ``(max - min) / min``: how far the
+figure a speedup divides by moved while it was measured. Only a measurement whose spread is at most
+``reference_max_spread``, made while some task waited for a CPU during at most ``reference_max_contention`` of its
+wall time (oversubscribed cores slow every block alike, so the spread cannot tell), is cached; a noisier one is
+measured again (``reference_retries`` times, ``reference_retry_wait_s`` apart) and, if none is quiet, the quietest
+is used for this run alone and the verdict says so (``noisy``). A recheck measures again: a measurement that agrees
+with the cached one (within the relative ``reference_agreement``) leaves it as it is; one that disagrees is
+recorded, and a third measurement decides (it sides with the cached one: kept; with the new one: the quieter of the
+two agreeing replaces it; with neither: the quietest of the three by spread), so the cached figure never moves
+silently, up or down.
 """
 from __future__ import annotations
 

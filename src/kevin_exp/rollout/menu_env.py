@@ -15,7 +15,7 @@ from kevin_exp.rollout.env import KernelEnv, ScoreWeights
 from kevin_exp.rollout.parsing import ParsedResponse
 from kevin_exp.rollout.prompts import RESTART, Attempt, feedback_text
 from kevin_exp.tasks import Problem
-from kevin_exp.tasks.kernel_menu import OPTIONS, PROFILE, MenuProblem, parse_menu_answer
+from kevin_exp.tasks.kernel_menu import PROFILE, MenuProblem, parse_menu_answer
 
 DEVICE = {"cpu": "CPU", "cuda": "GPU"}
 
