@@ -129,8 +129,10 @@ def test_a_hang_on_a_fast_reference_gets_a_deadline_near_the_floor(build_cache):
 
 
 def test_a_too_good_speedup_is_retimed_and_an_honest_one_stays_ok(build_cache):
+    # (the CPU-pressure rule off: a first timing not cached for contention leaves the recheck nothing to settle
+    # against, and which reference figure stands is what this is about)
     config = BenchConfig(backend="cpu", timed_trials=20, warmup_trials=2, correctness_trials=2, cache_dir=build_cache,
-                         recheck_speedup=1e-6, recheck_tolerance=2.0)
+                         recheck_speedup=1e-6, recheck_tolerance=2.0, reference_max_contention=1.0)
     for _ in range(2):  # measured again once on a failure, as the suite's other timing judgements are (a busy 2-core
         with Evaluator(config) as ev:  # box once timed this honest kernel at 1.21x and then 0.286x)
             [v] = ev.evaluate([item("ok")])
