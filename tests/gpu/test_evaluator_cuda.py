@@ -37,6 +37,15 @@ def test_correct_cuda_kernel_is_ok(evaluator):
     assert timing["calibration_overhead_ms"] is not None and timing["used_ms"] == pytest.approx(v.runtime_ms, rel=1e-6)
     assert timing["used_ms"] == pytest.approx(max(timing["reported_ms"], timing["outside_bound_ms"]), rel=1e-6)
     assert "H100" in v.device or "H200" in v.device or v.device
+    # the outputs went device to device into the reference process's allocation (no host copy per call)
+    assert v.extra["exchange"]["where"] == "device", v.extra["exchange"]
+
+
+def test_the_host_region_gives_the_verdicts_the_device_region_gives(build_cache):
+    with Evaluator(BenchConfig(backend="cuda", hang_ceiling_s=60, cache_dir=build_cache, device_exchange=False)) as ev:
+        verdicts = ev.evaluate([item("ok"), item("wrong"), item("mutate_inputs")])
+    assert [v.status for v in verdicts] == [Status.OK, Status.INCORRECT, Status.INCORRECT], [v.feedback for v in verdicts]
+    assert all(v.extra["exchange"] == {"where": "host"} for v in verdicts)
 
 
 @pytest.mark.parametrize("name", ["wrong", "unwritten_output", "mutate_inputs"])
@@ -89,6 +98,7 @@ def test_builtin_cuda_solutions_are_correct(evaluator):
     verdicts = evaluator.evaluate(items)
     failures = {v.problem_id: v.feedback for v in verdicts if v.status is not Status.OK}
     assert not failures, failures
+    assert {v.extra["exchange"]["where"] for v in verdicts} == {"device"}
     slow_refs = {v.problem_id: v.ref_runtime_ms for v in verdicts if v.ref_runtime_ms < 0.1}
     assert not slow_refs, f"reference under 0.1 ms on this GPU: {slow_refs}"
 

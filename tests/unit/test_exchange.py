@@ -120,3 +120,26 @@ def test_a_sealed_exchange_keeps_its_size_and_its_seals_whoever_asks():
         assert os.pwrite(fd, b"inside", 4090) == 6
     finally:
         os.close(fd)
+
+
+def test_values_written_to_device_bytes_keep_the_regions_offsets_and_stay_inside_it():
+    """``DeviceBytes`` (the outputs part of a run's region in device memory) read and written through the same
+    headers as the host region; here its tensor is on the CPU, which takes the same code."""
+    from kevin_exp.bench.exchange import DeviceBytes
+    from kevin_exp.bench.sampling import positions, sampled_in_region
+
+    layout = Layout.for_sizes(1000, 4096 * 8 + 64)
+    part = DeviceBytes(torch.zeros(layout.size - layout.outputs_at, dtype=torch.uint8), layout.outputs_at)
+    out = [torch.arange(4096 * 2, dtype=torch.float32), torch.tensor([7], dtype=torch.int64)]
+    header, _ = write_values(out, part, layout.outputs_at, layout.after_at)
+    assert header["items"][0]["offset"] == layout.outputs_at  # the region's offset, not the allocation's
+    validate(header, layout.outputs_at, layout.after_at)
+    back = read_values(header, part, "cpu")
+    assert torch.equal(back[0], out[0]) and torch.equal(back[1], out[1])
+    picked = sampled_in_region(header, part, seed=3)
+    assert torch.equal(picked[0], out[0][positions(out[0].numel(), 3, 0)])
+    assert torch.equal(part.tensor[: 4 * 4096 * 2].view(torch.float32), out[0])  # where the bytes went
+    with pytest.raises(HeaderError, match="outside the device region"):
+        read_values(tensor_header(offset=0), part, "cpu")  # the inputs part is not in device memory
+    with pytest.raises(HeaderError):
+        write_values(torch.zeros(layout.size), part, layout.outputs_at)

@@ -153,6 +153,10 @@ class BenchConfig:
     load_timeout_s: float = number(60.0, gt=0)
     # the trusted reference process prepares inputs and expected outputs in chunks of at most this many bytes
     chunk_bytes: int = number(1 << 30, ge=1)
+    # cuda: each call's output and post-call inputs are copied device to device into an allocation the reference
+    # process reads in place (bench/device_exchange.py); false: through page-locked host memory (12-16 ms a call
+    # for a 256 MiB output and input on an H100)
+    device_exchange: bool = True
     # the candidate's runner may not create threads or processes once warm (kevin_exp.bench.seccomp)
     forbid_new_tasks: bool = True
     # per-worker resident memory limit (cpu backend also gets an address-space limit)

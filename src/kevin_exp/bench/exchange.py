@@ -233,10 +233,40 @@ def mismatch(got: Any, expected: Any, where: str = "output") -> str | None:
 
 # --------------------------------------------------------------------------- tensors (torch processes)
 
-def write_values(values: Any, mm: mmap.mmap, offset: int, end: int | None = None,
+class DeviceBytes:
+    """Part of the region kept in device memory (``device_exchange``): ``tensor`` (uint8) holds the region's bytes
+    [``base``, ``base`` + its length); headers keep the region's offsets, so where a value lies reads the same."""
+
+    def __init__(self, tensor: Any, base: int) -> None:
+        self.tensor, self.base = tensor, base
+
+    def __len__(self) -> int:
+        return self.base + self.tensor.numel()
+
+    def at(self, offset: int, nbytes: int) -> Any:
+        if offset < self.base or offset + nbytes > len(self):
+            raise HeaderError(f"bytes [{offset}, {offset + nbytes}) lie outside the device region [{self.base}, {len(self)})")
+        return self.tensor.narrow(0, offset - self.base, nbytes)
+
+
+Target = mmap.mmap | DeviceBytes
+
+
+def raw_bytes(target: Any, offset: int, nbytes: int) -> Any:
+    """The region's bytes [offset, offset + nbytes) as a uint8 tensor: host memory (a mapping) or device memory
+    (``DeviceBytes``), without copying."""
+    import torch
+
+    if isinstance(target, DeviceBytes):
+        return target.at(offset, nbytes)
+    return torch.frombuffer(target, dtype=torch.uint8, count=nbytes, offset=offset)
+
+
+def write_values(values: Any, mm: Target, offset: int, end: int | None = None,
                  serial: bool = False) -> tuple[dict[str, Any], int]:
     """Write the tensors of ``values`` (a tensor, a number, or a list/tuple of them) at ``offset``, below ``end``
-    (on cuda: one device->host copy each); the header and the offset after them. Refuses anything else. With
+    (on cuda: one copy each, device to host, or device to device into ``DeviceBytes``); the header and the offset
+    after them. Refuses anything else. With
     ``serial``, a contiguous host tensor is copied by the calling thread alone (``memmove``): a parallel copy
     waits for every thread of the pool to be scheduled, which on a busy machine can take tens of
     milliseconds, and the runner makes these copies inside the parent's clock."""
@@ -256,9 +286,9 @@ def write_values(values: Any, mm: mmap.mmap, offset: int, end: int | None = None
         if offset + nbytes > end:
             raise HeaderError(f"{nbytes} bytes are more than the expected outputs take")
         if nbytes:
-            dst = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=offset)
+            dst = raw_bytes(mm, offset, nbytes)
             src = values.detach().contiguous()
-            if serial and src.device.type == "cpu":
+            if serial and src.device.type == "cpu" and dst.device.type == "cpu":
                 import ctypes
 
                 ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)
@@ -277,7 +307,7 @@ def write_values(values: Any, mm: mmap.mmap, offset: int, end: int | None = None
     raise HeaderError(f"cannot pass a {type(values).__name__} (tensors, numbers and lists of them only)")
 
 
-def read_values(header: dict[str, Any], mm: mmap.mmap, device: Any) -> Any:
+def read_values(header: dict[str, Any], mm: Target, device: Any) -> Any:
     """The values a validated header describes, copied out of the region onto ``device``."""
     import torch
 
@@ -291,7 +321,7 @@ def read_values(header: dict[str, Any], mm: mmap.mmap, device: Any) -> Any:
     shape = header["shape"]
     if header["nbytes"] == 0:
         return torch.empty(shape, dtype=dtype, device=device)
-    raw = torch.frombuffer(mm, dtype=torch.uint8, count=header["nbytes"], offset=header["offset"])
+    raw = raw_bytes(mm, header["offset"], header["nbytes"])
     return raw.view(dtype).reshape(shape).to(device=device, copy=True)
 
 

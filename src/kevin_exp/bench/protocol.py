@@ -14,6 +14,7 @@ runner is sent anything more.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import statistics
 import time
@@ -156,6 +157,14 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
     if not answered(outcome, runner, ready, "start", "ready"):
         return outcome
     lap("runner_ready_s")  # waiting for a standby runner to finish starting
+    outcome.exchange = {"where": "host"}
+    if config.backend == "cuda" and config.device_exchange:
+        try:
+            if not _device_region(outcome, ref, runner, layout, ref_limit, config):
+                return outcome
+        except ReferenceFailed as exc:
+            return reference_failed(outcome, exc)
+        lap("device_region_s")
     with device_quiet() as waited:
         if waited:
             outcome.phases["device_quiet_wait_s"] = round(waited, 4)
@@ -224,6 +233,35 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
         except ReferenceFailed as exc:
             return reference_failed(outcome, exc)
         return finish(outcome, runner)
+
+
+def _device_region(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, ref_limit: float,
+                   config: BenchConfig) -> bool:
+    """Before any candidate code: the reference process makes the run's device region (``device_exchange``) and the
+    runner maps it, so each call's output and post-call inputs are copied there, device to device, and read in place.
+    Where either cannot, the run keeps the host region and ``outcome.exchange`` says why. False when the runner
+    ended (``outcome`` says why)."""
+    made = ref.device_region(layout.outputs_at, layout.size - layout.outputs_at, ref_limit)
+    if isinstance(made, str):
+        outcome.exchange["why"] = f"the reference process could not make one: {made}"[:1000]
+        return True
+    fd, nbytes = made
+    try:
+        sent = runner.send_fd(fd)
+    finally:
+        os.close(fd)
+    if not sent:
+        outcome.exchange["why"] = "the runner's socket did not take the descriptor"
+        return True
+    runner.send({"op": "device_region", "base": layout.outputs_at, "bytes": nbytes})
+    reply = runner.recv(time.monotonic() + config.load_timeout_s)
+    if not answered(outcome, runner, reply, "start", "device_region"):
+        return False
+    if reply["where"] == "device":
+        outcome.exchange = {"where": "device", "bytes": nbytes}
+    else:
+        outcome.exchange["why"] = f"the runner could not map it: {reply.get('why', '')}"[:1000]
+    return True
 
 
 def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess, layout: Layout, output: dict[str, Any],

@@ -96,6 +96,23 @@ class ReferenceProcess(ChildProcess):
             raise ReferenceFailed(f"the reference process cannot take the shared region ({exc})", self.output_tail())
         self.answer({"op": "exchange"}, timeout_s)
 
+    def device_region(self, base: int, nbytes: int, timeout_s: float) -> tuple[int, int] | str:
+        """A fresh device allocation for the run's outputs part (``device_exchange``): its descriptor (ours to
+        close) and its size, or why the reference process could not make one."""
+        reply = self.call({"op": "device_region", "base": base, "bytes": nbytes}, timeout_s)
+        if reply.get("error"):
+            return str(reply["error"])
+        try:  # (sent before the reply: it is there, or it never comes)
+            self._fd_socket.settimeout(5.0)
+            _, fds, _, _ = socket.recv_fds(self._fd_socket, 16, 1)
+        except OSError as exc:
+            return f"its descriptor did not arrive ({exc})"
+        finally:
+            self._fd_socket.settimeout(None)
+        if len(fds) != 1:
+            return "its descriptor did not arrive"
+        return fds[0], int(reply["bytes"])
+
     def _why(self, ended: Any) -> str:
         if isinstance(ended, Ended):
             return {"timeout": "no reply in time"}.get(ended.how, ended.how)

@@ -25,16 +25,20 @@ from typing import Any
 import torch
 
 from kevin_exp.bench.config import Tolerance
-from kevin_exp.bench.exchange import HeaderError, Layout, Region, describe, mismatch, read_values, validate, write_values
+from kevin_exp.bench.exchange import DeviceBytes, HeaderError, Layout, Region, describe, mismatch, read_values, validate, write_values
 from kevin_exp.bench.physical_floor import count_flops, machine_figures
-from kevin_exp.bench.sampling import fingerprint_lazy, input_seed, resolve_fingerprints, sampled, sampled_in_region, to_host
+from kevin_exp.bench.sampling import fingerprint_lazy, input_seed, leaves, resolve_fingerprints, sampled, sampled_in_region, to_host
 from kevin_exp.bench.worker.comparison import compare_outputs, same_bits, same_values
 from kevin_exp.bench.worker.input_variants import Skipped, Variants
 from kevin_exp.bench.worker.reference import load_reference, make_inputs
 from kevin_exp.bench.worker.tensors import clone_values, device_name, synchronize
 from kevin_exp.bench.worker.timing import CacheFlusher, Timer
 
-KEEP_PROBLEMS = 4
+# A slot's batch interleaves the problems of a step (8 in the paper's recipe): a problem rebuilt on every run costs
+# its model, its hidden probes and its FLOP count each time. Kept by count, and by the bytes their models and
+# construction inputs hold (on a GPU shared with the runs being timed).
+KEEP_PROBLEMS = 32
+KEEP_PROBLEM_BYTES = 4 << 30
 
 
 def trial_seed(secret: int, index: int) -> int:
@@ -70,9 +74,14 @@ class Problem:
         self.flops: float | None | bool = False  # counted when first asked (False: not yet)
         # the runner may draw the inputs itself from each call's seed only if the same seed gives the same inputs
         self.seeded = same_values(list(self.inputs(init_seed + 1)), list(self.inputs(init_seed + 1)))
+        self.held_bytes = _tensor_bytes([*self.model.parameters(), *self.model.buffers(), *leaves(self.init_inputs)])
 
     def inputs(self, seed: int) -> list[Any]:
         return make_inputs(self.ns, seed, self.device)
+
+
+def _tensor_bytes(values: list[Any]) -> int:
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
 class _Sampled:
@@ -98,6 +107,8 @@ class Server:
         self.atol_scale: dict[int, float] = {}  # hidden calls on redrawn values: their absolute tolerance's factor
         self.secret: int | None = None
         self.machine: dict[str, Any] | None = None  # memory bandwidth and cache, measured once (physical_floor)
+        self.device_region: Any = None  # the current run's outputs part in device memory (cuda), when it has one
+        self.device_bytes: DeviceBytes | None = None
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
 
@@ -111,7 +122,8 @@ class Server:
         if problem is None:
             problem = Problem(r["source"], self.backend, int(r["init_seed"]), self.device)
         self.problems[key] = problem
-        while len(self.problems) > KEEP_PROBLEMS:
+        while len(self.problems) > 1 and (len(self.problems) > KEEP_PROBLEMS
+                                          or sum(p.held_bytes for p in self.problems.values()) > KEEP_PROBLEM_BYTES):
             self.problems.popitem(last=False)
         self.problem, self.trials, self.secret = problem, {}, None
         reply = {"op": "prepared", "input": problem.input_header, "output": problem.output_header,
@@ -148,8 +160,40 @@ class Server:
         if len(fds) != 1:
             raise RuntimeError("no shared region came with the request")
         self.region.close()
+        self._drop_device_region()
         self.region = Region(fds[0], pin=self.backend == "cuda")
         return {"op": "attached"}
+
+    def op_device_region(self, r: dict[str, Any]) -> dict[str, Any]:
+        """The run's outputs part in device memory (``device_exchange``): a fresh, zeroed allocation of at least
+        ``bytes``, standing for the region from ``base`` on; its descriptor is sent on the exchange socket for the
+        runner. Where the driver refuses, the reply says why and the run keeps the host region."""
+        from kevin_exp.bench.device_exchange import DeviceExchangeError, DeviceRegion
+
+        assert self.exchange_socket is not None
+        self._drop_device_region()
+        try:
+            region = DeviceRegion.create(int(r["bytes"]), self.device)
+            fd = region.export_fd()
+        except DeviceExchangeError as exc:
+            return {"op": "device_region", "error": str(exc)}
+        try:
+            socket.send_fds(self.exchange_socket, [b"d"], [fd])
+        finally:
+            os.close(fd)
+        self.device_region, self.device_bytes = region, DeviceBytes(region.bytes, int(r["base"]))
+        # the host region then carries only inputs: staged for every call where the runner cannot draw them from a
+        # seed (page-locked then), else only the few hidden checks' (page-locking a 1 GiB mapping costs ~0.5 s a run)
+        if self.problem is not None and self.problem.seeded and self.region.mm is None:
+            self.region.pin = False
+        return {"op": "device_region", "bytes": region.nbytes}
+
+    def _drop_device_region(self) -> None:
+        if self.device_region is not None:
+            self.device_bytes = None
+            synchronize(self.device)
+            self.device_region.close()
+            self.device_region = None
 
     def op_stage_init(self, r: dict[str, Any]) -> dict[str, Any]:
         layout = Layout.from_json(r["layout"])
@@ -263,7 +307,9 @@ class Server:
             validate(r["after"], layout.after_at, layout.size)
         except HeaderError as exc:
             return {"op": "checked", "ok": False, "reason": f"the runner's report is malformed ({exc})", "malformed": True}
-        mm = self.region.mapped(layout.size)
+        if r.get("device") and self.device_bytes is None:
+            raise RuntimeError("a check of the device region, but none is attached")
+        mm = self.device_bytes if r.get("device") else self.region.mapped(layout.size)
         tolerances = _Tolerances(r["tolerances"], self.atol_scale.pop(int(r["i"]), 1.0))
         sampled_call = isinstance(expected, _Sampled)
         why = mismatch(r["outputs"], expected.header if sampled_call else describe(expected))

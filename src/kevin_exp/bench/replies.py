@@ -96,6 +96,10 @@ def integer(lo: int = -INT64, hi: int = INT64 - 1) -> Check:
     return check
 
 
+def choice(*values: str) -> Check:
+    return lambda v: None if isinstance(v, str) and v in values else f"must be one of {', '.join(values)}"
+
+
 def number(lo: float = 0.0, hi: float = 1e12) -> Check:
     def check(v: Any) -> str | None:
         if not isinstance(v, (int, float)) or isinstance(v, bool):
@@ -217,6 +221,7 @@ RUNNER: dict[str, Message] = {
     # start-up ("ready" with no index) and a staged call ("ready" with its index)
     "ready": Message(optional={"i": CALL_INDEX, "busy_ms": MILLISECONDS, "fingerprint": fingerprint}),
     "problem_ready": Message(),
+    "device_region": Message({"where": choice("device", "host")}, {"why": text(1000)}),
     "loaded": Message({"device": text(200), "load_s": number(0.0, 1e6)}),
     "ran": Message({"i": CALL_INDEX, "ms": nullable(MILLISECONDS)}),
     "done": Message({"i": CALL_INDEX, "outputs": header, "after": header},

@@ -44,6 +44,9 @@ class RunOutcome:
     limits: dict[str, float] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)
     inputs: str = ""  # how the runner got each call's inputs: seeded (drew them from the call's seed) | region
+    # where the runner left each call's output and post-call inputs: "device" (a device region, cuda) | "host"
+    # (the shared memory file), with why a device region was not used where one was asked for
+    exchange: dict[str, Any] = field(default_factory=dict)
     cores: list[int] = field(default_factory=list)  # the run slot's own cores the run was on (empty: none reserved)
     hidden: dict[str, Any] = field(default_factory=dict)  # the hidden checks: asked, skipped, passed, failed (never fed back)
     floor: dict[str, Any] | None = None  # the problem's physical floor on this machine (physical_floor.floor_record)

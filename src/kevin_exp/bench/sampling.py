@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from kevin_exp.bench.exchange import HeaderError, read_values
+from kevin_exp.bench.exchange import HeaderError, raw_bytes, read_values
 
 SAMPLE_POSITIONS = 4096
 _FINGERPRINT_ELEMENTS = 4096
@@ -86,8 +86,9 @@ def input_seed(seed: int) -> int:
 
 
 def sampled_in_region(header: dict[str, Any], mm: Any, seed: int) -> list[Any]:
-    """``sampled`` of the values a validated header describes in the shared region, read in place (only the
-    sampled elements are copied out, into host memory): what the reference process checks a call at."""
+    """``sampled`` of the values a validated header describes in the shared region (a mapping, or
+    ``exchange.DeviceBytes``), read in place (only the sampled elements are copied out, into host memory): what the
+    reference process checks a call at."""
     leaf_headers = header["items"] if header.get("t") in ("list", "tuple") else [header]
     out: list[Any] = []
     for j, h in enumerate(_header_leaves(leaf_headers)):
@@ -95,8 +96,8 @@ def sampled_in_region(header: dict[str, Any], mm: Any, seed: int) -> list[Any]:
             out.append(read_values(h, mm, "cpu"))
             continue
         dtype = getattr(torch, h["dtype"])
-        flat = torch.frombuffer(mm, dtype=torch.uint8, count=h["nbytes"], offset=h["offset"]).view(dtype)
-        out.append(flat[positions(flat.numel(), seed, j)])
+        flat = raw_bytes(mm, h["offset"], h["nbytes"]).view(dtype)
+        out.append(flat[positions(flat.numel(), seed, j).to(flat.device)].cpu())
     return out
 
 

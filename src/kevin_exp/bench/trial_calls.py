@@ -172,7 +172,8 @@ class TrialChecks(Checks):
             violation(self.outcome, self.runner, f"the runner's report on call {ran.i} is malformed")
             return None
         request = {"op": "check", "i": ran.i, "layout": self.layout.to_json(), "outputs": done["outputs"],
-                   "after": done["after"], "tolerances": self.tolerances, "sample": ran.sample}
+                   "after": done["after"], "tolerances": self.tolerances, "sample": ran.sample,
+                   "device": self.outcome.exchange.get("where") == "device"}
         self.ref.ask(request)
         return request
 

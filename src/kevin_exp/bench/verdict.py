@@ -140,7 +140,8 @@ def verdict_from_run(problem_id: str, outcome: RunOutcome, config: BenchConfig, 
     The candidate's time is the larger of its runner's reports (their ``timing_statistic``: min or median, the
     reference's taken the same way) and the outside bound (``timing_bound``); both are in ``extra["timing"]``."""
     extra: dict[str, Any] = {"limits": outcome.limits, "phases": outcome.phases, "checked_calls": outcome.checked_calls,
-                             "inputs": outcome.inputs, "run_cores": outcome.cores}
+                             "inputs": outcome.inputs, "exchange": outcome.exchange,
+                             "run_cores": outcome.cores}
     if outcome.ref_ms:
         extra["ref_timing_cached"] = outcome.ref_cached
         extra["reference"] = outcome.reference  # the reference timing the speedup divides by: value, how, spread

@@ -14,6 +14,7 @@ import math
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -323,6 +324,13 @@ class WorkerProcess(ChildProcess):
         if forbid_new_tasks:
             args += ["--forbid-new-tasks"]
         passed: tuple[int, ...] = (exchange_fd,)
+        # cuda: the run's device region arrives on this socket (``device_exchange``), before any candidate code
+        self.fd_socket: socket.socket | None = None
+        theirs = None
+        if backend == "cuda":
+            self.fd_socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            args += ["--fd-socket", str(theirs.fileno())]
+            passed += (theirs.fileno(),)
         if device_gate_fd >= 0:
             args += ["--device-gate-fd", str(device_gate_fd)]
             passed += (device_gate_fd,)
@@ -339,10 +347,14 @@ class WorkerProcess(ChildProcess):
                              started=started)
         except BaseException:
             os.close(exchange_fd)
+            if self.fd_socket is not None:
+                self.fd_socket.close()
             raise
         finally:
             if device_gate_fd >= 0:
                 os.close(device_gate_fd)  # the runner's own description of the gate: only the runner holds it
+            if theirs is not None:
+                theirs.close()
         self._ready: dict[str, Any] | Ended | None = None
 
     def _read_line(self, line: bytes) -> dict[str, Any]:
@@ -355,9 +367,22 @@ class WorkerProcess(ChildProcess):
             self._ready = self.recv(time.monotonic() + timeout_s)
         return self._ready
 
+    def send_fd(self, fd: int) -> bool:
+        """Hand the runner a descriptor on its socket (the device region's, before its candidate loads)."""
+        if self.fd_socket is None:
+            return False
+        try:
+            socket.send_fds(self.fd_socket, [b"d"], [fd])
+        except OSError:
+            return False
+        return True
+
     def _cleanup(self) -> None:
         import shutil
 
+        if self.fd_socket is not None:
+            self.fd_socket.close()
+            self.fd_socket = None
         if self.exchange_fd >= 0:
             os.close(self.exchange_fd)
             self.exchange_fd = -1

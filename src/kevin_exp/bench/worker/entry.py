@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--forbid-new-tasks", action="store_true")
+    parser.add_argument("--fd-socket", type=int, default=-1, help="a Unix socket the device region's descriptor comes on (cuda)")
     parser.add_argument("--device-gate-fd", type=int, default=-1, help="held shared while CUDA starts (bench/device_gate.py)")
     parser.add_argument("--probe", action="store_true", help="set up the sandbox, import torch (and start CUDA on that backend), exit")
     args = parser.parse_args(argv)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         # The guard's first entry, and an op under it, happen here rather than in the candidate's first forward.
         with block_torch_compute():
             torch.empty(1, device="cuda" if args.backend == "cuda" else "cpu")
-        harness = None if args.probe else warm_harness(args.exchange_fd, args.backend)
+        harness = None if args.probe else warm_harness(args.exchange_fd, args.backend, args.fd_socket)
     if args.probe:
         import getpass
 
@@ -97,10 +98,12 @@ def _start_cuda() -> None:
     would otherwise fall on the run's first calls. Called under the device gate."""
     import torch
 
+    from kevin_exp.bench.device_exchange import driver
     from kevin_exp.bench.sampling import fingerprint, sampled
     from kevin_exp.bench.worker.timing import CacheFlusher, Timer
 
     torch.cuda.init()
+    driver()
     x = torch.ones(1 << 16).to("cuda")
     CacheFlusher(torch.device("cuda")).flush()
     Timer(torch.device("cuda"))(lambda: x.add(1))

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from typing import IO, Any, Callable
 
 import torch
 
-from kevin_exp.bench.exchange import HeaderError, Layout, Region, read_values, validate, write_values
+from kevin_exp.bench.exchange import DeviceBytes, HeaderError, Layout, Region, read_values, validate, write_values
 from kevin_exp.bench.worker.candidate import ExtensionCalls, hook_load_inline, load_candidate
 from kevin_exp.bench.worker.final_output import final_output, held_inputs, inputs_kept, not_aliased
 from kevin_exp.bench.worker.framework_flags import FlagSnapshot
@@ -32,13 +33,12 @@ from kevin_exp.bench.worker.tensors import device_name, synchronize
 from kevin_exp.bench.worker.timing import CacheFlusher, Timer
 
 
-def warm_harness(exchange_fd: int, backend: str) -> "Harness":
+def warm_harness(exchange_fd: int, backend: str, fd_socket: int = -1) -> "Harness":
     """The harness, made before the runner says it is ready: the cache flusher's buffer, the timer, and the
     exchange region mapped (and page-locked on cuda) at its current size, which a run would otherwise pay on its
     first collect (the region grows only when a larger problem comes; it is then mapped again)."""
-    import os
-
     harness = Harness(Region(exchange_fd, pin=backend == "cuda"), backend)
+    harness.fd_socket = fd_socket
     size = os.fstat(exchange_fd).st_size if exchange_fd >= 0 else 0
     if size:
         harness.region.mapped(size)
@@ -61,9 +61,12 @@ def serve(requests: IO[bytes], replies: IO[str], harness: "Harness") -> None:
             if op == "problem" and runner is None and harness.pending is None and harness.problem is None:
                 harness.set_problem(request)
                 reply({"op": "problem_ready"})
+            elif op == "device_region" and runner is None and harness.pending is None and harness.device_bytes is None:
+                reply(harness.attach_device_region(request))
             elif op == "calibrate" and runner is None and harness.pending is None:
                 reply(harness.stage(request, harness.stand_in(request)))
             elif op == "load" and runner is None and harness.pending is None:
+                harness.close_fd_socket()
                 runner = Runner(request, harness)
                 reply({"op": "loaded", "device": device_name(runner.device), "load_s": runner.load_s})
             elif op == "trial" and runner is not None and harness.pending is None:
@@ -122,6 +125,39 @@ class Harness:
         self.layout: Layout | None = None
         self.expected_output: dict[str, Any] | None = None  # the output's header, for poisoning the allocator
         self.problem: dict[str, Any] | None = None  # the reference program, for drawing seeded inputs
+        self.fd_socket = -1  # where the parent sends the device region's descriptor (cuda)
+        self.device_bytes: DeviceBytes | None = None  # the outputs part in device memory, once attached
+        self.device_region: Any = None
+
+    def close_fd_socket(self) -> None:
+        if self.fd_socket >= 0:
+            os.close(self.fd_socket)
+            self.fd_socket = -1
+
+    def attach_device_region(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Before any candidate code: map the device allocation the reference process made for this run's outputs
+        (its descriptor comes on ``fd_socket``); outputs and post-call inputs are then copied there, device to
+        device. Where that fails, the run keeps the host region and the reply says why."""
+        import socket
+
+        from kevin_exp.bench.device_exchange import DeviceExchangeError, DeviceRegion
+
+        try:  # the socket is closed once used: candidate code gets no channel to the parent from it
+            with socket.socket(fileno=self.fd_socket) as sock:
+                self.fd_socket = -1
+                _, fds, _, _ = socket.recv_fds(sock, 16, 1)
+        except OSError as exc:
+            return {"op": "device_region", "where": "host", "why": f"no descriptor ({exc})"}
+        if len(fds) != 1:
+            return {"op": "device_region", "where": "host", "why": "no descriptor"}
+        try:
+            self.device_region = DeviceRegion.import_fd(fds[0], int(request["bytes"]), self.device)
+        except (DeviceExchangeError, ValueError, KeyError, TypeError) as exc:
+            return {"op": "device_region", "where": "host", "why": str(exc)[:500]}
+        finally:
+            os.close(fds[0])
+        self.device_bytes = DeviceBytes(self.device_region.bytes, int(request["base"]))
+        return {"op": "device_region", "where": "device"}
 
     def set_problem(self, request: dict[str, Any]) -> None:
         """The reference program (trusted, the problem's own code), loaded before any candidate code: with it
@@ -219,7 +255,7 @@ class Harness:
             final_output(out, call.expected, self.device)
         inputs_kept(call.inputs, call.held)
         not_aliased(out, call.held)
-        mm = self.region.mapped(layout.size)
+        mm = self.device_bytes if self.device_bytes is not None else self.region.mapped(layout.size)
         try:
             outputs, _ = write_values(out, mm, layout.outputs_at, layout.after_at, serial=True)
         except HeaderError as exc:
