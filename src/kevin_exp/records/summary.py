@@ -79,9 +79,9 @@ def headline_lines(run_dir: Path, cfg: TrainConfig) -> list[str]:
     # (only when the numbers above say so: a scripted or lucky run of such a model can score)
     if reward == 0 and cfg.model.name in SMOKE_MODELS and cfg.rollout.env == "kernel" and cfg.tasks.suite != "kernel_menu":
         lines += ["", f"note: model={cfg.model.name} is a smoke-scale policy that writes no valid kernels, so its reward "
-                  "stays at 0 and the update has nothing to learn from. To see the learner learn on a CPU in a few "
-                  "minutes, use the compile-free reward: python -m kevin_exp.train model=tiny rollout.env=synthetic "
-                  "steps=20 trainer.lr=1e-3; for kernels, a 7B+ model on a GPU (experiment=kevin_7b)."]
+                  "stays at 0 and the update has nothing to learn from. To see the whole loop learn on a CPU (this model "
+                  "choosing among real kernels, about 13 minutes on 2 cores): python -m kevin_exp.train "
+                  "experiment=learn_cpu; for kernels it writes itself, a 7B+ model on a GPU (experiment=kevin_7b)."]
     return lines
 
 
