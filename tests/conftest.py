@@ -70,13 +70,17 @@ TIMING_MODULES = {"integration/test_evaluator_cpu.py", "integration/test_evaluat
                   "integration/test_fork_server.py", "unit/test_tasks.py"}
 
 
+def _test_path(item: pytest.Item) -> Path:
+    return Path(str(item.path)).relative_to(Path(__file__).parent)
+
+
 def judges_timings(item: pytest.Item) -> bool:
-    path = Path(str(item.path)).relative_to(Path(__file__).parent)
+    path = _test_path(item)
     return path.parts[0] == "adversarial" or path.as_posix() in TIMING_MODULES
 
 
 def run_group(item: pytest.Item) -> str:
-    path = Path(str(item.path)).relative_to(Path(__file__).parent)
+    path = _test_path(item)
     if "slurm" in item.keywords:
         return "slurm"
     if path.parts[0] == "adversarial":
