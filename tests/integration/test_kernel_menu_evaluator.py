@@ -1,6 +1,6 @@
-"""Every kernel of the menu through MenuEnv and the real cpu evaluator, in one batch: an answer's letter becomes
-the kernel behind it (A the fast one once the trajectory took the profile), which is compiled, checked and timed,
-scored, and fed back to the next turn's prompt."""
+"""Every kernel of the menu through MenuEnv and the real cpu evaluator, in one batch: an answer's letter becomes the
+kernel behind it (A the profile's probe, and the fast kernel once the trajectory took the profile), which is
+compiled, checked and timed, scored, and fed back to the next turn's prompt."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,30 +29,32 @@ def env(build_cache):
 
 def test_each_menu_kernel_gets_its_verdict_class_and_the_next_prompt_shows_it(env):
     tasks = load_menu([1])
-    profile_taken = [Attempt("program", PROFILE, "ok", "correct", 0.1)]
+    profile_taken = [Attempt("program", PROFILE, "incorrect", "output mismatch")]
     # every option on turn 1, and A after a profile
     plays = [(task, letter, []) for task in tasks for letter in OPTIONS] + [(task, "A", profile_taken) for task in tasks]
     results = env.step([t for t, _, _ in plays], [letter for _, letter, _ in plays], [[] for _ in plays],
                        [h for _, _, h in plays])
     by = {(t.name, letter, bool(h)): r for (t, letter, h), r in zip(plays, results)}
     for task in tasks:
-        slow, wrong, broken, profile = (by[task.name, letter, False] for letter in OPTIONS)
+        profile, slow, wrong, broken = (by[task.name, letter, False] for letter in OPTIONS)
         fast = by[task.name, "A", True]
-        for honest in (fast, slow, profile):
+        for honest in (fast, slow):
             assert honest.status == "ok" and honest.correct, honest.reason
             assert honest.score == pytest.approx(0.3 + min(honest.speedup, 10.0))
-        assert fast.runtime_ms < slow.runtime_ms and fast.score > 5 * max(slow.score, profile.score), (fast.reason, slow.reason)
-        assert wrong.status == "incorrect" and not wrong.correct and wrong.score == 0.0 and "mismatch" in wrong.reason
+        assert fast.runtime_ms < slow.runtime_ms and fast.score > 5 * slow.score, (fast.reason, slow.reason)
+        # the profile's probe (a copy of the input) and the wrong kernel are caught by the comparison: they score 0
+        for bad in (profile, wrong):
+            assert bad.status == "incorrect" and not bad.correct and bad.score == 0.0 and "mismatch" in bad.reason
         assert broken.status == "compile_error" and broken.score == 0.0 and "not declared" in broken.reason
 
         # turn 2 sees each answer's verdict and speedup; after a profile, what it showed
         after_slow = env.prompt(task, [slow.attempt], 4096, len)[0]
-        assert "Turn 1: you answered A. Your kernel was correct" in after_slow and f"{slow.speedup:.2f}x" in after_slow
+        assert "Turn 1: you answered B. Your kernel was correct" in after_slow and f"{slow.speedup:.2f}x" in after_slow
         assert PROFILED not in after_slow
         after_broken = env.prompt(task, [broken.attempt], 4096, len)[0]
-        assert "you answered C. Your kernel failed to compile" in after_broken and "not declared" in after_broken
+        assert "you answered D. Your kernel failed to compile" in after_broken and "not declared" in after_broken
         after_profile = env.prompt(task, [profile.attempt], 4096, len)[0]
-        assert "you answered P." in after_profile and PROFILED in after_profile
+        assert "you answered A. Your kernel was incorrect" in after_profile and PROFILED in after_profile
     # the control without feedback: every turn's prompt is the first turn's, and a profile still changes A
     env.feedback = False
     try:

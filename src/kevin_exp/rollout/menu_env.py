@@ -2,8 +2,8 @@
 
 It is ``KernelEnv`` with two parts swapped: the prompt (what the reference computes, the menu, and every earlier
 turn's answer with the evaluator's verdict and speedup, plus what a profile showed) and the reading of a response
-(the letter named, turned into the kernel it stands for: ``A`` builds the fast kernel once the trajectory has
-taken the profile). Evaluation, scoring and the feedback text of a verdict are ``KernelEnv``'s own.
+(the letter named, turned into the kernel it stands for: ``A`` takes the profile, and builds the fast kernel once
+the trajectory has taken it). Evaluation, scoring and the feedback text of a verdict are ``KernelEnv``'s own.
 """
 from __future__ import annotations
 
@@ -15,15 +15,17 @@ from kevin_exp.rollout.env import KernelEnv, ScoreWeights
 from kevin_exp.rollout.parsing import ParsedResponse
 from kevin_exp.rollout.prompts import RESTART, Attempt, feedback_text
 from kevin_exp.tasks import Problem
-from kevin_exp.tasks.kernel_menu import PROFILE, MenuProblem, parse_menu_answer
+from kevin_exp.tasks.kernel_menu import MenuProblem, parse_menu_answer
 
 DEVICE = {"cpu": "CPU", "cuda": "GPU"}
 
 INTRO = "Make this PyTorch program faster on the {device}: {what}"
-MENU = ("P profiles the C++ kernel first: it submits the kernel as it stands, and the profile shows how to make A "
-        "fast. A submits the kernel as it stands: one thread, unoptimised. B and C submit two other kernels.")
-PROFILED = "The profile showed that the loop vectorises and splits over threads: A now submits that kernel."
-ASK = "Answer with one letter: P, A, B or C."
+MENU = ("A profiles the C++ kernel first: it submits a probe that only copies its input (it computes nothing, so it "
+        "is not correct), and the profile shows how to make the kernel fast. B submits the kernel as it stands: one "
+        "thread, unoptimised. C and D submit two other kernels.")
+PROFILED = ("The profile showed that the loop is memory-bound: fused into one pass, vectorised and split over threads, "
+            "it runs near the copy's speed. A now submits that kernel.")
+ASK = "Answer with one letter: A, B, C or D."
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,23 +36,30 @@ def what_it_computes(source: str) -> str:
     return (ast.get_docstring(model) or "Model").splitlines()[0].strip()
 
 
+def played(history: Sequence[Attempt]) -> list[str]:
+    """The kind of kernel each earlier turn submitted ("probe": that turn took the profile)."""
+    return MenuProblem.kinds_played([a.summary for a in history])
+
+
 def profiled(history: Sequence[Attempt]) -> bool:
     """Whether the trajectory took the profile on an earlier turn."""
-    return any(a.summary == PROFILE for a in history)
+    return "probe" in played(history)
 
 
-def turn_text(i: int, attempt: Attempt) -> str:
+def turn_text(i: int, attempt: Attempt, kind: str) -> str:
     said = f"you answered {attempt.summary}" if attempt.summary else "your answer named no option"
     verdict = feedback_text(attempt).removesuffix(RESTART).strip()
     text = f"Turn {i}: {said}. {verdict}"
-    if attempt.summary == PROFILE:
+    if kind == "probe":
         text += "\n" + PROFILED
     return text
 
 
-def menu_prompt(task: MenuProblem, history: list[Attempt], backend: str) -> str:
+def menu_prompt(task: MenuProblem, history: list[Attempt], backend: str, dropped: int = 0) -> str:
+    """``dropped``: how many of the earliest turns are left out (what each turn submitted still follows from all)."""
     parts = [INTRO.format(device=DEVICE.get(backend, backend), what=what_it_computes(task.source)), MENU]
-    parts += [turn_text(i + 1, a) for i, a in enumerate(history)]
+    turns = list(enumerate(zip(history, played(history))))[dropped:]
+    parts += [turn_text(i + 1, a, kind) for i, (a, kind) in turns]
     return "\n\n".join([*parts, ASK])
 
 
@@ -68,7 +77,7 @@ class MenuEnv(KernelEnv):
         dropped = 0
         # the earliest turns go first when the prompt is over its budget, as in KernelEnv's prompts
         while True:
-            text = menu_prompt(task, shown[dropped:], self.backend)
+            text = menu_prompt(task, shown, self.backend, dropped)
             if count_tokens(text) <= max_tokens or dropped >= len(shown):
                 return text, dropped
             dropped += 1

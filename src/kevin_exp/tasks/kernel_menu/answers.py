@@ -1,6 +1,6 @@
 """A kernel-menu answer: the first option letter the response names, and the candidate program it stands for.
 
-An answer is a few tokens: ``C``, ``C.``, ``Option C`` or ``P (profile)`` all answer C or P. The first capital letter
+An answer is a few tokens: ``C``, ``C.``, ``Option C`` or ``A (profile)`` all answer C or A. The first capital letter
 standing alone that names an option counts (so an ``A`` used as a word before it is read as written: the policy
 learns to answer with the letter first). A response naming none is a format error.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kevin_exp.tasks.kernel_menu.menu import LETTERS, PROFILE, MenuProblem
+from kevin_exp.tasks.kernel_menu.menu import LETTERS, MenuProblem
 
-OPTIONS = (*LETTERS, PROFILE)
+OPTIONS = LETTERS
 # a letter that is part of a name (C++, C#, P-value, A.B) is no answer
 _OPTION = re.compile(r"(?<![A-Za-z0-9_+#.-])([" + "".join(OPTIONS) + r"])(?![A-Za-z0-9_+#]|[.-][A-Za-z0-9])")
 
@@ -36,7 +36,7 @@ def option_in(text: str) -> str:
 
 
 def parse_menu_answer(text: str, problem: MenuProblem, backend: str, profiled: bool) -> MenuAnswer:
-    """``profiled``: whether an earlier turn of the trajectory took the profile (``A`` then submits the fast kernel)."""
+    """``profiled``: whether an earlier turn of the trajectory took the profile (``A`` then submits the fast kernel, not the probe)."""
     letter = option_in(text)
     if not letter:
         return MenuAnswer("", None, f"no option letter found in the answer; answer with one of {', '.join(OPTIONS)}")

@@ -3,7 +3,9 @@
 Each kind is an honest implementation strategy, not a stub. ``fast`` is one fused, vectorised pass over the
 tensor with OpenMP at -O3 -march=native -ffast-math (the reference makes one pass per operator and a temporary
 tensor for each). ``slow`` is the same arithmetic in a single thread, unoptimised (-O0), element by element
-through tensor accessors. ``off_by_one`` reads each output's left neighbour; ``broken`` names a variable it never declared.
+through tensor accessors. ``off_by_one`` reads each output's left neighbour; ``broken`` names a variable it never declared. ``probe``, the
+profile's submission, copies its input in the fast kernel's loop: the time of the memory pass alone, and not the
+reference's result.
 """
 from __future__ import annotations
 
@@ -56,6 +58,9 @@ OFF_BY_ONE = """    #pragma omp parallel for simd schedule(static)
 BROKEN = """    #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) o[i] = op(in[j]);"""
 
+PROBE = """    #pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = in[i];"""
+
 OPENMP_O3 = (["-O3", "-fopenmp"], ["-fopenmp"])
 # min/max on floats vectorise only without IEEE's NaN and signed-zero rules; the menu's inputs are finite
 VECTORISED = (["-O3", "-march=native", "-ffast-math", "-fopenmp"], ["-fopenmp"])
@@ -66,6 +71,7 @@ KERNELS: dict[str, tuple[str, tuple[list[str], list[str]]]] = {
     "slow": (SLOW, (["-O0"], [])),
     "off_by_one": (OFF_BY_ONE, OPENMP_O3),
     "broken": (BROKEN, OPENMP_O3),
+    "probe": (PROBE, VECTORISED),
 }
 
 

@@ -1,15 +1,15 @@
 """The kernel menu: KernelBench-format reference programs, each with a menu of real kernels behind letters.
 
-Every reference has four kernels (``KINDS``): a fast one, a slow one, a wrong one and one that does not build. The
-menu (``LETTERS`` and ``PROFILE``) is the same for every reference:
+Every reference has five kernels (``KINDS``): a fast one, a slow one, a wrong one, one that does not build, and
+the profile's probe. The menu (``LETTERS``) is the same for every reference:
 
-- ``A`` submits the reference's kernel as it stands: the slow one, until a profile has been taken; after it, the
-  fast one the profile leads to;
-- ``B`` submits the wrong kernel and ``C`` the one that does not build;
-- ``P`` (the profile) submits the slow kernel too, and from then on ``A`` builds the fast one.
+- ``A`` (``PROFILE``) profiles the kernel first: it submits the probe, a copy of the input that computes nothing
+  (so it is not correct and scores 0), and from then on ``A`` submits the fast kernel the profile found;
+- ``B`` submits the kernel as it stands, the slow one; ``C`` the wrong kernel and ``D`` the one that does not build.
 
-So the profile is worth no more than ``A`` on its own turn and pays only on a later one, through ``A``: the move
-that a discount of 0 cannot credit (docs/learning.md). A task is one reference (``kernel_menu/level1/<number>``).
+So the profile costs its own turn (0, where ``B`` scores the slow kernel's reward) and pays only on a later one,
+through ``A``: the move that a discount of 0 cannot credit, and that it teaches the policy to avoid
+(docs/learning.md). A task is one reference (``kernel_menu/level1/<number>``).
 """
 from __future__ import annotations
 
@@ -18,16 +18,18 @@ import functools
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from kevin_exp.tasks.kernel_menu.cpu_kernels import cpu_program
 from kevin_exp.tasks.problem import Problem
 
 MENU_ROOT = Path(__file__).resolve().parent
-KINDS = ("fast", "slow", "off_by_one", "broken")
-LETTERS = ("A", "B", "C")
-PROFILE = "P"
+KINDS = ("fast", "slow", "off_by_one", "broken", "probe")
+LETTERS = ("A", "B", "C", "D")
+# the letter that takes the profile, until one was taken
+PROFILE = "A"
 # what each letter submits before a profile was taken (A changes once one was)
-BEFORE_PROFILE = {"A": "slow", "B": "off_by_one", "C": "broken", PROFILE: "slow"}
+BEFORE_PROFILE = {PROFILE: "probe", "B": "slow", "C": "off_by_one", "D": "broken"}
 AFTER_PROFILE = {**BEFORE_PROFILE, "A": "fast"}
 MENU_BACKENDS = ("cpu",)
 
@@ -46,6 +48,17 @@ class MenuProblem(Problem):
     def kind_of(letter: str, profiled: bool) -> str:
         """The kind of kernel an answer submits, once a profile was taken (``profiled``) or not."""
         return (AFTER_PROFILE if profiled else BEFORE_PROFILE)[letter]
+
+    @staticmethod
+    def kinds_played(answers: Sequence[str]) -> list[str]:
+        """The kind each answer of one trajectory submitted, in order ("" for an answer naming no option): an answer
+        submits what its letter stood for after the turns before it."""
+        kinds, profiled = [], False
+        for letter in answers:
+            kind = MenuProblem.kind_of(letter, profiled) if letter else ""
+            profiled = profiled or kind == "probe"
+            kinds.append(kind)
+        return kinds
 
     def program(self, kind: str, backend: str) -> str:
         """The candidate program of one kind of this reference's menu, for ``backend``."""

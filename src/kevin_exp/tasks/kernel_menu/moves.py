@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable
 
-from kevin_exp.tasks.kernel_menu.menu import PROFILE, MenuProblem
+from kevin_exp.tasks.kernel_menu.menu import MenuProblem
 
 NAMES = ("profile_first", "fast_after_profile", "fast_last")
 
@@ -25,15 +25,10 @@ def move_shares(rows: Iterable[dict[str, Any]]) -> dict[int, dict[str, float | N
         by_trajectory[row["step"], row["task_id"], row["trajectory"]][row["turn"]] = row["summary"]
     counts: dict[int, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for (step, _, _), answers in by_trajectory.items():
-        turns = sorted(answers)
-
-        def fast(turn: int) -> bool:
-            profiled = any(answers[t] == PROFILE for t in turns if t < turn)
-            return bool(answers[turn]) and MenuProblem.kind_of(answers[turn], profiled) == "fast"
-
-        counts[step]["profile_first"].append(answers.get(1) == PROFILE)
-        counts[step]["fast_last"].append(fast(turns[-1]))
-        for turn in turns:
-            if answers.get(turn - 1) == PROFILE:
-                counts[step]["fast_after_profile"].append(fast(turn))
+        kinds = MenuProblem.kinds_played([answers[t] for t in sorted(answers)])
+        counts[step]["profile_first"].append(kinds[0] == "probe")
+        counts[step]["fast_last"].append(kinds[-1] == "fast")
+        for before, kind in zip(kinds, kinds[1:]):
+            if before == "probe":
+                counts[step]["fast_after_profile"].append(kind == "fast")
     return {step: {name: _share(c[name]) for name in NAMES} for step, c in sorted(counts.items())}
