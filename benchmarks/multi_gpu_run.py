@@ -62,19 +62,23 @@ def tokenizer_override() -> list[str]:
 
 
 def compose(overrides: list[str]):
+    import torch
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from kevin_exp.config import register_configs, to_typed
     from kevin_exp.config.resolvers import register_resolvers
+    from kevin_exp.launch.layout import resolve_layout
 
     register_configs()
     register_resolvers()
     overrides = [*overrides, *tokenizer_override(), "run_dir=unused"]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3", job_name="train"):
-        return to_typed(hydra_compose(config_name="train", overrides=overrides))
+        # the layout a launch would resolve (trainer=deepspeed's auto settings)
+        return resolve_layout(to_typed(hydra_compose(config_name="train", overrides=overrides)),
+                              on_gpu=torch.cuda.is_available())[0]
 
 
 def fixed_batch(n: int, seq: int, prompt: int, vocab: int):
@@ -103,7 +107,10 @@ def parity_rank(args: argparse.Namespace) -> None:
     device = torch.device("cuda", ctx.local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    trainer = [] if cuda else ["trainer.bf16=false", "trainer.offload_optimizer=none", "trainer.device=cpu"]
+    # the layout this phase measures, set by hand (a launch would resolve trainer=deepspeed's auto settings)
+    zero3 = ["trainer.zero_stage=3", "trainer.offload_params=none"]
+    trainer = [*zero3, "trainer.offload_optimizer=cpu"] if cuda else \
+        [*zero3, "trainer.bf16=false", "trainer.offload_optimizer=none", "trainer.device=cpu"]
     cfg = compose([f"model={args.model}", "trainer=deepspeed", f"trainer.micro_batch_tokens={args.seq}",
                    "trainer.minibatches=1", "trainer.lr=1e-5", "trainer.warmup_ratio=0", "trainer.grad_clip=1.0",
                    "trainer.dist_timeout_s=1200", *trainer])

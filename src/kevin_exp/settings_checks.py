@@ -2,7 +2,8 @@
 
 A schema field says what it accepts where it is declared: ``choice(default, options)`` for an enumerated
 value (options may be a callable that asks the code which values it implements, and ``planned`` names values
-that are known but not built yet), ``number(default, ge=..., gt=..., le=..., lt=...)`` for a bounded number.
+that are known but not built yet), ``number(default, ge=..., gt=..., le=..., lt=...)`` for a bounded number,
+``auto_or_integer(default, ge=..., le=...)`` for a bounded integer or ``auto`` (resolved before a run starts).
 ``check_settings(cfg)`` walks the whole tree and returns every problem as one ``key=value: expected ...``
 string, so a bad setting is refused before any model, compiler or cluster is touched.
 """
@@ -51,6 +52,14 @@ def number(default: Any, *, ge: float | None = None, gt: float | None = None, le
     return dataclasses.field(default=default, metadata={"bounds": Bounds(ge, gt, le, lt)})
 
 
+AUTO = "auto"
+
+
+def auto_or_integer(default: Any, *, ge: int | None = None, le: int | None = None) -> Any:
+    """An integer in bounds, or ``auto`` (a field typed ``Any``: OmegaConf keeps the int or the string)."""
+    return dataclasses.field(default=default, metadata={"auto_or_integer": Bounds(ge=ge, le=le)})
+
+
 def each(factory: Callable[[], list], *, options: Options | None = None, bounds: Bounds | None = None,
          non_empty: bool = False) -> Any:
     """A list field whose every element is checked (``tasks.levels``)."""
@@ -80,6 +89,11 @@ def _check_field(key: str, value: Any, meta: Any) -> list[str]:
         bounds: Bounds = meta["bounds"]
         if isinstance(value, float) and not math.isfinite(value) or not bounds.accepts(value):
             problems.append(f"{key}={_show(value)}: expected {bounds.describe()}")
+    if "auto_or_integer" in meta and value != AUTO:
+        bounds = meta["auto_or_integer"]
+        if isinstance(value, bool) or not isinstance(value, int) or not bounds.accepts(value):
+            problems.append(f"{key}={_show(value)}: expected auto or an integer "
+                            f"{bounds.describe().removeprefix('a number ')}")
     if "non_empty" in meta:
         if meta["non_empty"] and not value:
             problems.append(f"{key}=[]: expected at least one value")

@@ -1,6 +1,6 @@
 """trainer=deepspeed on a GPU (skipped elsewhere): two steps of one rank under ZeRO-3, bf16, the optimizer states
-offloaded to the CPU and activation checkpointing (trainer=deepspeed's defaults), then a resume; and 2 ranks on 2
-GPUs over NCCL when there are two.
+offloaded to the CPU and activation checkpointing (set by hand: trainer=deepspeed's auto layout would keep a tiny
+model's states on the GPU), then a resume; and 2 ranks on 2 GPUs over NCCL when there are two.
 
     pytest -m gpu tests/integration/test_deepspeed_gpu.py -s     (KEVIN_EXP_TOKENIZER as in tests/gpu)
 """
@@ -18,9 +18,9 @@ from tests.integration.deepspeed_ranks import REPO, free_port
 pytestmark = pytest.mark.gpu
 pytest.importorskip("deepspeed")
 
-RUN = ["model=tiny", "rollout.env=synthetic", "logger.progress=none", "trainer=deepspeed",
-       "n_trajectories=4", "n_turns=2", "tasks_per_step=2", "rollout.max_new_tokens=16", "trainer.lr=1e-4",
-       "trainer.dist_timeout_s=300"]
+RUN = ["model=tiny", "rollout.env=synthetic", "logger.progress=none", "trainer=deepspeed", "trainer.zero_stage=3",
+       "trainer.offload_optimizer=cpu", "trainer.offload_params=none", "n_trajectories=4", "n_turns=2",
+       "tasks_per_step=2", "rollout.max_new_tokens=16", "trainer.lr=1e-4", "trainer.dist_timeout_s=300"]
 
 
 def _tokenizer_override() -> list[str]:

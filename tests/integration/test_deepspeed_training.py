@@ -37,6 +37,14 @@ def straight(tmp_path_factory) -> Path:
     return run_dir
 
 
+def test_the_run_records_the_layout_it_resolved(straight):
+    """trainer=deepspeed's auto settings, resolved before the run started (no GPU: ZeRO-3, nothing offloaded);
+    what was set by hand is kept."""
+    trainer = json.loads((straight / "config.json").read_text())["trainer"]
+    assert (trainer["zero_stage"], trainer["offload_optimizer"], trainer["offload_params"]) == (3, "none", "none")
+    assert trainer["micro_batch_tokens"] == 48
+
+
 def test_a_killed_two_rank_run_resumes_exactly(straight, tmp_path):
     killed = tmp_path / "run"
     args = [str(killed), *RUN, f"steps={STEPS}"]

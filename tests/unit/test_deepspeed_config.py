@@ -60,13 +60,22 @@ def test_the_user_file_is_merged_on_top(tmp_path):
 def test_trainer_deepspeed_composes_with_its_defaults():
     cfg = compose_train(DS)
     t = cfg.trainer
-    assert t.backend == "deepspeed" and t.zero_stage == 3 and t.offload_optimizer == "cpu" and t.bf16
+    assert t.backend == "deepspeed" and t.bf16
+    # the layout is resolved at launch from the memory estimate (tests/unit/test_layout.py)
+    assert (t.zero_stage, t.offload_optimizer, t.offload_params, t.micro_batch_tokens) == ("auto",) * 4
     assert t.dist_timeout_s >= 600  # minutes: a rank waits for the others' kernel evaluation
+
+
+def test_an_unresolved_layout_never_reaches_deepspeed():
+    with pytest.raises(ValueError, match="trainer.zero_stage=auto: a run resolves its layout"):
+        generate_deepspeed_config(compose_train(DS).trainer, 1)
 
 
 @pytest.mark.parametrize("overrides,named", [
     (["trainer.zero_stage=2", "trainer.offload_params=cpu"], "trainer.offload_params=cpu"),
-    (["trainer.zero_stage=1"], "trainer.zero_stage=1"),
+    (["trainer.zero_stage=1"], "trainer.zero_stage=1: expected auto or an integer in [2, 3]"),
+    (["trainer.zero_stage=best"], "trainer.zero_stage='best'"),
+    (["trainer.micro_batch_tokens=0"], "trainer.micro_batch_tokens=0: expected auto or an integer >= 1"),
     (["trainer.offload_optimizer=nvme"], "trainer.offload_optimizer"),
     (["trainer.deepspeed_config=/no/such/file.json"], "trainer.deepspeed_config=/no/such/file.json"),
     (["algorithm.kl_coef=0.1"], "algorithm.kl_coef=0.1"),

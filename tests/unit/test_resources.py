@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kevin_exp.launch.layout import resolve_layout
 from kevin_exp.launch.resources import (
     CUDA_CONTEXT_GB,
     NCCL_GB,
@@ -24,6 +25,11 @@ from kevin_exp.launch.resources import (
     layout_of,
 )
 from tests.helpers import compose_train
+
+
+def resolved(overrides: list[str]):
+    """A composed config with its ``auto`` layout resolved for GPUs, as a launch resolves it."""
+    return resolve_layout(compose_train(overrides), on_gpu=True)[0]
 
 REPO = Path(__file__).resolve().parents[2]
 KB = "tasks.kernelbench_path=/data/KernelBench"  # composition checks the setting; the folder is not read here
@@ -124,12 +130,12 @@ def test_the_vllm_engine_share_comes_from_its_settings(vllm_double):
     from kevin_exp.launch.resources import VLLM_RUNTIME_GB, layout_of
 
     base = ["experiment=kevin_7b", "resources=h100x8", KB]
-    hf = layout_of(compose_train(base))
+    hf = layout_of(resolved(base))
     assert hf.vllm_gb == 0
-    cfg = compose_train(base + ["rollout=vllm", "rollout.vllm.gpu_memory_utilization=0.4"])
+    cfg = resolved(base + ["rollout=vllm", "rollout.vllm.gpu_memory_utilization=0.4"])
     assert layout_of(cfg).vllm_gb == pytest.approx(0.4 * cfg.resources.gpu_memory_gb)
-    cfg = compose_train(base + ["rollout=vllm", "rollout.vllm.gpu_memory_utilization=null",
-                                "rollout.vllm.kv_cache_memory_bytes=20000000000"])
+    cfg = resolved(base + ["rollout=vllm", "rollout.vllm.gpu_memory_utilization=null",
+                           "rollout.vllm.kv_cache_memory_bytes=20000000000"])
     assert layout_of(cfg).vllm_gb == pytest.approx(2 * cfg.model.params_b + 20 + VLLM_RUNTIME_GB)
 
 
@@ -141,10 +147,12 @@ def test_host_memory_counts_every_rank_of_the_node():
 
 
 def test_layout_reads_the_model_shape_the_trainer_and_the_world_from_the_config():
-    x = layout_of(compose_train(["experiment=kevin_32b", KB, "resources=h200x16", "tasks_per_step=16"]))
+    paper = ["trainer.zero_stage=3", "trainer.offload_optimizer=cpu", "trainer.offload_params=none",
+             "trainer.micro_batch_tokens=16384"]
+    x = layout_of(compose_train(["experiment=kevin_32b", KB, "resources=h200x16", "tasks_per_step=16", *paper]))
     assert (x.layers, x.hidden, x.intermediate, x.vocab, x.kv_dim) == (64, 5120, 27648, 152064, 1024)
     assert (x.world_size, x.ranks_per_node, x.cpus_per_rank) == (16, 8, 16)
-    # the paper's trainer: ZeRO-3, optimizer states on the CPU, bf16, checkpointed activations
+    # the paper's trainer, set by hand: ZeRO-3, optimizer states on the CPU, bf16, checkpointed activations
     assert x.sharded and x.zero_stage == 3 and x.offload_optimizer == "cpu" and x.bf16 and x.activation_checkpointing
     # a 16k + 16k sequence is longer than trainer.micro_batch_tokens: it runs alone; log-probs a chunk at a time
     assert x.micro_batch_tokens == 16384 + 16384 and x.logprob_tokens == 1024
@@ -185,14 +193,14 @@ def test_every_fix_offered_fits_when_applied():
 
 
 def test_a_node_without_enough_host_memory_is_refused():
-    cfg = compose_train(["experiment=kevin_7b", KB, "resources=h200x8", "resources.mem_gb=64"])
+    cfg = resolved(["experiment=kevin_7b", KB, "resources=h200x8", "resources.mem_gb=64"])
     with pytest.raises(ResourceError, match=r"host memory of one node does not fit: .* resources.mem_gb=64"):
         check_resources(cfg)
 
 
 def test_small_models_pass_and_the_check_can_be_switched_off():
     check_resources(compose_train(["model=smollm2_135m"]))
-    check_resources(compose_train(["experiment=kevin_32b", KB, "resources.check=false"]))
+    check_resources(resolved(["experiment=kevin_32b", KB, "resources.check=false"]))
 
 
 def test_the_entry_point_refuses_before_any_step_runs(tmp_path):

@@ -4,9 +4,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from kevin_exp.settings_checks import choice, number
+from kevin_exp.settings_checks import AUTO, auto_or_integer, choice, number
 
 
 @dataclass
@@ -29,8 +29,9 @@ class TrainerConfig:
     epochs: int = number(1, ge=1)
     # sequences per forward/backward (backend=torch)
     micro_batch_size: int = number(4, ge=1)
-    # tokens per forward/backward, padding included (backend=deepspeed; a longer sequence runs alone)
-    micro_batch_tokens: int = number(16384, ge=1)
+    # tokens per forward/backward, padding included (backend=deepspeed; a longer sequence runs alone); auto: the
+    # most that fits the GPU memory the layout leaves (kevin_exp/launch/layout.py)
+    micro_batch_tokens: Any = auto_or_integer(16384, ge=1)
     # response positions whose logits are computed at once (the vocabulary's fp32 logits of this many tokens)
     logprob_chunk_tokens: int = number(4096, ge=1)
     checkpoint_every: int = number(1, ge=1)
@@ -38,11 +39,13 @@ class TrainerConfig:
     # and any folder holding a file named `keep` (kevin_exp/trainer/checkpoint.py)
     keep_checkpoints: int = number(1, ge=1)
     keep_every: int = number(0, ge=0)
-    # backend=deepspeed only (docs/deepspeed.md): ZeRO stage, offloads, bf16, activation checkpointing
-    zero_stage: int = number(3, ge=2, le=3)
-    offload_optimizer: str = choice("none", ("none", "cpu"))
+    # backend=deepspeed only (docs/deepspeed.md): ZeRO stage, offloads, bf16, activation checkpointing. ``auto``
+    # (trainer=deepspeed's default for the stage, the offloads and micro_batch_tokens): the fastest layout whose
+    # memory estimate fits the run's GPUs, resolved before the run starts and recorded resolved
+    zero_stage: Any = auto_or_integer(3, ge=2, le=3)
+    offload_optimizer: str = choice("none", (AUTO, "none", "cpu"))
     # stage 3 only
-    offload_params: str = choice("none", ("none", "cpu"))
+    offload_params: str = choice("none", (AUTO, "none", "cpu"))
     bf16: bool = False
     activation_checkpointing: bool = False
     # share of the decoder layers checkpointed, spread over the depth (1: all; the rest keep their activations and
@@ -71,7 +74,7 @@ class TrainerConfig:
         if not _deepspeed_installed():
             problems.append(f"{prefix}backend=deepspeed: DeepSpeed is not installed; pip install -e '.[deepspeed]' "
                             "(or pip install deepspeed==0.19.8)")
-        if self.offload_params != "none" and self.zero_stage != 3:
+        if self.offload_params == "cpu" and self.zero_stage == 2:
             problems.append(f"{prefix}offload_params={self.offload_params}: parameter offload needs "
                             f"{prefix}zero_stage=3 (it is {self.zero_stage})")
         if self.deepspeed_config is not None:

@@ -14,6 +14,7 @@ import yaml
 from kevin_exp.config import TrainConfig, TrainerConfig, register_configs, to_typed, world_size_problems
 from kevin_exp.config.resolvers import register_resolvers
 from kevin_exp.errors import user_errors
+from kevin_exp.launch.layout import layout_line, resolve_layout
 from kevin_exp.launch.preflight import Composer
 from kevin_exp.launch.resources import MemoryLayout, estimate, fixes_for, layout_of, report_lines
 
@@ -48,6 +49,10 @@ def layout_for(overrides: list[str]) -> tuple[MemoryLayout, TrainConfig]:
         composed.append("tasks=builtin")  # memory does not depend on the tasks: no KernelBench checkout needed
     cfg = Composer("train").compose([*composed, "run_dir=unused"])
     typed = to_typed(cfg)
+    if not any(key in direct for key in ("zero_stage", "offload_optimizer", "offload_params", "micro_batch_tokens")):
+        typed, reason = resolve_layout(typed, on_gpu=True)
+        if reason:
+            print(layout_line(typed, reason))
     x = layout_of(typed)
     if "logprob_tokens" in direct:
         direct["logprob_tokens"] = min(int(direct["logprob_tokens"]), x.logprob_tokens)

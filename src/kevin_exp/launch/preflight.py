@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kevin_exp.config import ConfigError, TrainConfig, to_typed
 from kevin_exp.errors import UserError, one_line
+from kevin_exp.launch.layout import resolve_layout
 from kevin_exp.launch.ranks import check_trainer_for_ranks
 from kevin_exp.launch.resources import check_resources, uses_gpu
 from kevin_exp.launch.slurm_checks import check_cluster_reachable, check_points
@@ -194,7 +195,7 @@ def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True, ru
     if entry == "train":
         check_trainer_for_ranks(cfg)
     if memory_check and uses_gpu(cfg):
-        check_resources(cfg)
+        check_resources(resolve_layout(cfg, on_gpu=True)[0])
 
 
 def launched_by_cluster(cfg: DictConfig | None = None) -> bool:

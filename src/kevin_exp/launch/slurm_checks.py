@@ -11,6 +11,7 @@ from omegaconf import DictConfig, open_dict
 
 from kevin_exp.config import TrainConfig, to_typed
 from kevin_exp.errors import LaunchError
+from kevin_exp.launch.layout import resolve_layout
 from kevin_exp.launch.resources import ResourceError, check_resources
 from kevin_exp.models.loading import ModelConfigError, check_model_path
 
@@ -66,7 +67,7 @@ def check_points(points: Sequence[tuple[Sequence[str], TrainConfig]], launcher_g
         if cfg.resources.gpus_per_node <= 0 and not launcher_gpus:
             continue
         try:
-            check_resources(cfg)
+            check_resources(resolve_layout(cfg, on_gpu=True)[0])
         except ResourceError as e:
             problems.append(f"point [{' '.join(overrides) or 'no overrides'}]:\n{e}")
     if problems:

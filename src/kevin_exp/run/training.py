@@ -33,6 +33,8 @@ import torch
 
 from kevin_exp.config import TrainConfig, world_size_problems
 from kevin_exp.errors import UserError
+from kevin_exp.launch.layout import resolve_layout
+from kevin_exp.launch.resources import uses_gpu
 from kevin_exp.launch.world import context_from_env
 from kevin_exp.models.loading import Policy
 from kevin_exp.records.progress import Progress
@@ -96,6 +98,8 @@ class TrainingRun:
     def __init__(self, cfg: TrainConfig, sweep: str | None = None) -> None:
         if cfg.run_dir is None:
             raise ValueError("TrainingRun needs cfg.run_dir (the entry point fills it from Hydra's job folder)")
+        # the entry point resolved the layout already (and printed it); a run built from a composed config here
+        cfg = resolve_layout(cfg, on_gpu=uses_gpu(cfg))[0]
         self.cfg = cfg
         self.sweep = sweep or cfg.sweep_name
         self.folder = RunFolder.at(cfg.run_dir)
