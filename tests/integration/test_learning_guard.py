@@ -4,12 +4,12 @@
 What is read is the policy's own probability of each menu answer as the first token of its response on the real
 prompts, and the reward it expects there (each answer's probability times the score the evaluator gave that
 answer's kernel in this session): sampled rewards of 8 trajectories over two steps are mostly noise, while the
-probabilities show what the update did to the policy. The move asserted is A on turn 2 after a profile (the fast
+probabilities show what the update did to the policy. The move asserted is E on turn 2 after a profile (the fast
 kernel then), the answer that pays most at every discount.
 
-- the run: A after a profile rises, and so does the expected reward of turn 2;
+- the run: E after a profile rises, and so does the expected reward of turn 2;
 - the same run at ``trainer.lr=0``: the policy is exactly the one it started from;
-- advantages with the wrong sign (a deliberately broken estimator): A after a profile falls."""
+- advantages with the wrong sign (a deliberately broken estimator): E after a profile falls."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +24,7 @@ from kevin_exp.rollout.menu_env import MenuEnv, menu_prompt
 from kevin_exp.rollout.prompts import Attempt
 from kevin_exp.run.setup import score_weights
 from kevin_exp.run.training import TrainingRun
-from kevin_exp.tasks.kernel_menu import OPTIONS, PROFILE, load_menu
+from kevin_exp.tasks.kernel_menu import load_menu, symbols
 from tests.helpers import compose_train
 
 pytestmark = pytest.mark.slow
@@ -40,49 +40,51 @@ def run_short(tmp_path, *overrides: str) -> TrainingRun:
 
 
 def answer_probabilities(run: TrainingRun, history: list[Attempt]) -> dict[str, float]:
-    """The policy's probability of each option as its response's first token, mean over both references."""
+    """The policy's probability of each option of the turn after ``history`` as its response's first token, mean
+    over both references."""
     model, tok = run.learner.model, run.policy.tokenizer
-    ids = {o: tok.encode(o, add_special_tokens=False)[0] for o in OPTIONS}
-    totals = dict.fromkeys(OPTIONS, 0.0)
+    options = symbols(len(history) + 1)
+    ids = {o: tok.encode(o, add_special_tokens=False)[0] for o in options}
+    totals = dict.fromkeys(options, 0.0)
     tasks = load_menu([1])
     model.eval()
     with torch.no_grad():
         for task in tasks:
             prompt = chat_prompt_ids(tok, menu_prompt(task, history, "cpu"), run.cfg.model.system_prompt)
             p = model(torch.tensor([prompt])).logits[0, -1].float().softmax(-1)
-            for o in OPTIONS:
+            for o in options:
                 totals[o] += float(p[ids[o]]) / len(tasks)
     return totals
 
 
 @pytest.fixture(scope="module")
 def scores(build_cache) -> dict[tuple[str, bool], float]:
-    """What the evaluator scores each answer, before and after a profile (the kernels of reference 2)."""
+    """What the evaluator scores each answer of turn 2, after a profile and after none (the kernels of reference 2)."""
     cfg = compose_train(["experiment=learn_cpu"])
     bench = dataclasses.replace(cfg.evaluator.to_bench(), cache_dir=str(build_cache), cpus=2)
     env = MenuEnv(Evaluator(bench), score_weights(cfg))
     try:
         task = load_menu([1])[1]
-        plays = [(o, False) for o in OPTIONS] + [("A", True)]
-        profile = [Attempt("program", PROFILE, "incorrect", "output mismatch")]
+        plays = [(o, after) for o in symbols(2) for after in (False, True)]
+        slow = [Attempt("program", "B", "ok", "correct", 0.03)]
         results = env.step([task] * len(plays), [o for o, _ in plays], [[] for _ in plays],
-                           [profile if after else [] for _, after in plays])
+                           [PROFILED if after else slow for _, after in plays])
         return {play: r.score for play, r in zip(plays, results)}
     finally:
         env.close()
 
 
 def expected_turn2_reward(p: dict[str, float], scores: dict[tuple[str, bool], float]) -> float:
-    """After a profile: A is the fast kernel, B, C and D score what they scored before it."""
-    return p["A"] * scores["A", True] + sum(p[o] * scores[o, False] for o in OPTIONS if o != "A")
+    """After a profile: E is the fast kernel, F, G and H submit what they submit without one."""
+    return sum(p[o] * scores[o, True] for o in symbols(2))
 
 
-PROFILED = [Attempt("program", PROFILE, "incorrect", "output mismatch")]
+PROFILED = [Attempt("program", "A", "incorrect", "output mismatch")]
 
 
 def test_the_loop_learns_and_a_broken_one_does_not(tmp_path, scores, monkeypatch):
-    assert scores["A", True] > 3 * scores["B", False] > 0
-    assert scores["A", False] == scores["C", False] == scores["D", False] == 0.0
+    assert scores["E", True] > 3 * scores["F", True] > 0 and scores["F", True] == pytest.approx(scores["F", False], rel=0.5)
+    assert scores["E", False] == scores["G", True] == scores["H", True] == 0.0  # the probe, the wrong, the broken
 
     control = run_short(tmp_path / "lr0", "trainer.lr=0", "steps=1")
     before = answer_probabilities(control, PROFILED)  # lr=0: the policy it started from
@@ -91,11 +93,11 @@ def test_the_loop_learns_and_a_broken_one_does_not(tmp_path, scores, monkeypatch
     assert answer_probabilities(initial, PROFILED) == before  # the control's weights never moved
 
     learned = answer_probabilities(run_short(tmp_path / "learn"), PROFILED)
-    assert learned["A"] > before["A"] + 0.03, (before, learned)
+    assert learned["E"] > before["E"] + 0.03, (before, learned)
     assert expected_turn2_reward(learned, scores) > expected_turn2_reward(before, scores)
 
     grpo = advantages.get_estimator("grpo")
     monkeypatch.setitem(advantages._REGISTRY, "grpo", lambda *a, **kw: [-x for x in grpo(*a, **kw)])
     broken = answer_probabilities(run_short(tmp_path / "wrong_sign"), PROFILED)
-    assert broken["A"] < before["A"] - 0.03, (before, broken)
+    assert broken["E"] < before["E"] - 0.03, (before, broken)
     assert expected_turn2_reward(broken, scores) < expected_turn2_reward(before, scores)

@@ -1,9 +1,10 @@
-"""The environment of ``tasks=kernel_menu``: a short menu prompt, and answers read as a letter of the menu.
+"""The environment of ``tasks=kernel_menu``: a short menu prompt, and answers read as an option of the menu.
 
-It is ``KernelEnv`` with two parts swapped: the prompt (what the reference computes, the menu, and every earlier
-turn's answer with the evaluator's verdict and speedup, plus what a profile showed) and the reading of a response
-(the letter named, turned into the kernel it stands for: ``A`` takes the profile, and builds the fast kernel once
-the trajectory has taken it). Evaluation, scoring and the feedback text of a verdict are ``KernelEnv``'s own.
+It is ``KernelEnv`` with two parts swapped: the prompt (what the reference computes, the turn's menu, and every
+earlier turn's answer with the evaluator's verdict and speedup, plus what a profile showed) and the reading of a
+response (the option named, turned into the kernel it stands for: the first option takes the profile, and builds
+the fast kernel once the trajectory has taken it). Evaluation, scoring and the feedback text of a verdict are
+``KernelEnv``'s own.
 """
 from __future__ import annotations
 
@@ -15,17 +16,27 @@ from kevin_exp.rollout.env import KernelEnv, ScoreWeights
 from kevin_exp.rollout.parsing import ParsedResponse
 from kevin_exp.rollout.prompts import RESTART, Attempt, feedback_text
 from kevin_exp.tasks import Problem
-from kevin_exp.tasks.kernel_menu import MenuProblem, parse_menu_answer
+from kevin_exp.tasks.kernel_menu import MenuProblem, parse_menu_answer, symbols
 
 DEVICE = {"cpu": "CPU", "cuda": "GPU"}
 
 INTRO = "Make this PyTorch program faster on the {device}: {what}"
-MENU = ("A profiles the C++ kernel first: it submits a probe that only copies its input (it computes nothing, so it "
-        "is not correct), and the profile shows how to make the kernel fast. B submits the kernel as it stands: one "
-        "thread, unoptimised. C and D submit two other kernels.")
+FIRST = {False: ("{0} profiles the C++ kernel first: it submits a probe that only copies its input (it computes "
+                 "nothing, so it is not correct), and the profile shows how to make the kernel fast."),
+         True: "{0} submits the fast kernel the profile found: one fused pass, vectorised and split over threads."}
+REST = "{1} submits the kernel as it stands: one thread, unoptimised. {2} and {3} submit two other kernels."
 PROFILED = ("The profile showed that the loop is memory-bound: fused into one pass, vectorised and split over threads, "
-            "it runs near the copy's speed. A now submits that kernel.")
-ASK = "Answer with one letter: A, B, C or D."
+            "it runs near the copy's speed.")
+ASK = "Answer with one letter: {0}, {1}, {2} or {3}."
+
+
+def menu_text(turn: int, profiled: bool) -> str:
+    """The menu of ``turn`` (its own option names), before or after a profile was taken."""
+    return (FIRST[profiled] + " " + REST).format(*symbols(turn))
+
+
+def ask_text(turn: int) -> str:
+    return ASK.format(*symbols(turn))
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,16 +67,18 @@ def turn_text(i: int, attempt: Attempt, kind: str) -> str:
 
 
 def menu_prompt(task: MenuProblem, history: list[Attempt], backend: str, dropped: int = 0) -> str:
-    """``dropped``: how many of the earliest turns are left out (what each turn submitted still follows from all)."""
-    parts = [INTRO.format(device=DEVICE.get(backend, backend), what=what_it_computes(task.source)), MENU]
-    turns = list(enumerate(zip(history, played(history))))[dropped:]
-    parts += [turn_text(i + 1, a, kind) for i, (a, kind) in turns]
-    return "\n\n".join([*parts, ASK])
+    """The prompt of the turn after ``history``. ``dropped``: how many of the earliest turns are left out (what
+    each turn submitted, and so the menu, still follow from all of them)."""
+    turn, kinds = len(history) + 1, played(history)
+    parts = [INTRO.format(device=DEVICE.get(backend, backend), what=what_it_computes(task.source)),
+             menu_text(turn, "probe" in kinds)]
+    parts += [turn_text(i + 1, a, kind) for i, (a, kind) in list(enumerate(zip(history, kinds)))[dropped:]]
+    return "\n\n".join([*parts, ask_text(turn)])
 
 
 class MenuEnv(KernelEnv):
-    """``feedback=False`` is the control in which no turn sees the earlier ones (each prompt is the first turn's);
-    a profile taken still changes what ``A`` submits."""
+    """``feedback=False`` is the control in which no turn sees the earlier ones: each prompt is the first turn's in
+    the turn's own option names, and a profile taken still changes what the first option submits."""
 
     def __init__(self, evaluator, weights: ScoreWeights = ScoreWeights(), feedback: bool = True) -> None:
         super().__init__(evaluator, weights)
@@ -73,7 +86,12 @@ class MenuEnv(KernelEnv):
 
     def prompt(self, task: Problem, history: list[Attempt], max_tokens: int, count_tokens: Callable[[str], int]) -> tuple[str, int]:
         assert isinstance(task, MenuProblem), f"{task.problem_id} is not a kernel-menu task"
-        shown = history if self.feedback else []
+        if not self.feedback:
+            turn = len(history) + 1
+            parts = [INTRO.format(device=DEVICE.get(self.backend, self.backend), what=what_it_computes(task.source)),
+                     menu_text(turn, profiled=False), ask_text(turn)]
+            return "\n\n".join(parts), 0
+        shown = history
         dropped = 0
         # the earliest turns go first when the prompt is over its budget, as in KernelEnv's prompts
         while True:
@@ -84,5 +102,5 @@ class MenuEnv(KernelEnv):
 
     def parse(self, task: Problem, text: str, history: Sequence[Attempt] = ()) -> ParsedResponse:
         assert isinstance(task, MenuProblem), f"{task.problem_id} is not a kernel-menu task"
-        answer = parse_menu_answer(text, task, self.backend, profiled(history))
+        answer = parse_menu_answer(text, task, self.backend, len(history) + 1, profiled(history))
         return ParsedResponse(answer.candidate, answer.letter, "", answer.error)

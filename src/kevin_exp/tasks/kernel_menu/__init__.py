@@ -1,5 +1,5 @@
-"""The kernel menu suite (``tasks=kernel_menu``): references whose answers are a letter of a menu of real kernels."""
-from kevin_exp.tasks.kernel_menu.answers import OPTIONS, MenuAnswer, parse_menu_answer
-from kevin_exp.tasks.kernel_menu.menu import KINDS, LETTERS, PROFILE, MenuProblem, load_menu
+"""The kernel menu suite (``tasks=kernel_menu``): references whose answers name an option of a menu of real kernels."""
+from kevin_exp.tasks.kernel_menu.answers import MenuAnswer, option_in, parse_menu_answer
+from kevin_exp.tasks.kernel_menu.menu import KINDS, SYMBOLS, MenuProblem, load_menu, symbols
 
-__all__ = ["KINDS", "LETTERS", "OPTIONS", "PROFILE", "MenuAnswer", "MenuProblem", "load_menu", "parse_menu_answer"]
+__all__ = ["KINDS", "SYMBOLS", "MenuAnswer", "MenuProblem", "load_menu", "option_in", "parse_menu_answer", "symbols"]

@@ -1,19 +1,24 @@
-"""A kernel-menu answer: the first option letter the response names, and the candidate program it stands for.
+"""A kernel-menu answer: the first option the response names, and the candidate program it stands for.
 
-An answer is a few tokens: ``C``, ``C.``, ``Option C`` or ``A (profile)`` all answer C or A. The first capital letter
-standing alone that names an option counts (so an ``A`` used as a word before it is read as written: the policy
-learns to answer with the letter first). A response naming none is a format error.
+An answer is a few tokens: ``C``, ``C.``, ``Option C`` or ``A (profile)`` all answer C or A on turn 1, ``F`` or
+``F.`` answer F on turn 2. The first of the turn's option symbols standing alone counts (so an ``A`` used as a word
+before it is read as written: the policy learns to answer with the option first). A response naming none is a
+format error.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from kevin_exp.tasks.kernel_menu.menu import LETTERS, MenuProblem
+from kevin_exp.tasks.kernel_menu.menu import SYMBOLS, MenuProblem, symbols
 
-OPTIONS = LETTERS
-# a letter that is part of a name (C++, C#, P-value, A.B) is no answer
-_OPTION = re.compile(r"(?<![A-Za-z0-9_+#.-])([" + "".join(OPTIONS) + r"])(?![A-Za-z0-9_+#]|[.-][A-Za-z0-9])")
+
+def _option_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
+    # a symbol that is part of a name or a number (C++, C#, P-value, A.B, 12, 1.5) is no answer
+    return re.compile(r"(?<![A-Za-z0-9_+#.-])([" + "".join(names) + r"])(?![A-Za-z0-9_+#]|[.-][A-Za-z0-9])")
+
+
+_PATTERNS = {names: _option_pattern(names) for names in SYMBOLS}
 
 
 @dataclass(frozen=True)
@@ -29,15 +34,16 @@ class MenuAnswer:
         return self.candidate is not None
 
 
-def option_in(text: str) -> str:
-    """The first option letter standing alone in ``text`` ("" when there is none)."""
-    match = _OPTION.search(text)
+def option_in(text: str, turn: int) -> str:
+    """The first of ``turn``'s options standing alone in ``text`` ("" when there is none)."""
+    match = _PATTERNS[symbols(turn)].search(text)
     return match.group(1) if match else ""
 
 
-def parse_menu_answer(text: str, problem: MenuProblem, backend: str, profiled: bool) -> MenuAnswer:
-    """``profiled``: whether an earlier turn of the trajectory took the profile (``A`` then submits the fast kernel, not the probe)."""
-    letter = option_in(text)
-    if not letter:
-        return MenuAnswer("", None, f"no option letter found in the answer; answer with one of {', '.join(OPTIONS)}")
-    return MenuAnswer(letter, problem.candidate(letter, backend, profiled))
+def parse_menu_answer(text: str, problem: MenuProblem, backend: str, turn: int, profiled: bool) -> MenuAnswer:
+    """``profiled``: whether an earlier turn of the trajectory took the profile (the first option then submits the
+    fast kernel, not the probe)."""
+    option = option_in(text, turn)
+    if not option:
+        return MenuAnswer("", None, f"no option found in the answer; answer with one of {', '.join(symbols(turn))}")
+    return MenuAnswer(option, problem.candidate(option, turn, backend, profiled))

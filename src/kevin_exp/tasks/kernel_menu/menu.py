@@ -1,15 +1,18 @@
-"""The kernel menu: KernelBench-format reference programs, each with a menu of real kernels behind letters.
+"""The kernel menu: KernelBench-format reference programs, each with a menu of real kernels behind its options.
 
 Every reference has five kernels (``KINDS``): a fast one, a slow one, a wrong one, one that does not build, and
-the profile's probe. The menu (``LETTERS``) is the same for every reference:
+the profile's probe. The menu has four options, the same for every reference; each turn names them with its own
+symbols (``SYMBOLS``: ``A``-``D`` on turn 1, ``E``-``H`` on turn 2, and so on in turn), so that what the policy
+learns to answer on one turn is not, by the symbol alone, what it answers on the other:
 
-- ``A`` (``PROFILE``) profiles the kernel first: it submits the probe, a copy of the input that computes nothing
-  (so it is not correct and scores 0), and from then on ``A`` submits the fast kernel the profile found;
-- ``B`` submits the kernel as it stands, the slow one; ``C`` the wrong kernel and ``D`` the one that does not build.
+- the first option profiles the kernel: it submits the probe, a copy of the input that computes nothing (so it is
+  not correct and scores 0); once a profile was taken, the first option submits the fast kernel it found;
+- the second submits the kernel as it stands, the slow one; the third the wrong kernel, the fourth the one that
+  does not build.
 
-So the profile costs its own turn (0, where ``B`` scores the slow kernel's reward) and pays only on a later one,
-through ``A``: the move that a discount of 0 cannot credit, and that it teaches the policy to avoid
-(docs/learning.md). A task is one reference (``kernel_menu/level1/<number>``).
+So the profile costs its own turn (0, where the slow kernel scores about 0.3) and pays only on a later one: the
+move that a discount of 0 cannot credit (docs/learning.md). A task is one reference
+(``kernel_menu/level1/<number>``).
 """
 from __future__ import annotations
 
@@ -25,12 +28,16 @@ from kevin_exp.tasks.problem import Problem
 
 MENU_ROOT = Path(__file__).resolve().parent
 KINDS = ("fast", "slow", "off_by_one", "broken", "probe")
-LETTERS = ("A", "B", "C", "D")
-# the letter that takes the profile, until one was taken
-PROFILE = "A"
-# what each letter submits before a profile was taken (A changes once one was)
-BEFORE_PROFILE = {PROFILE: "probe", "B": "slow", "C": "off_by_one", "D": "broken"}
-AFTER_PROFILE = {**BEFORE_PROFILE, "A": "fast"}
+# each turn's names for the four options, in turn: turn t uses SYMBOLS[(t - 1) % len(SYMBOLS)]
+SYMBOLS = (("A", "B", "C", "D"), ("E", "F", "G", "H"))
+# what each option submits, by its place in the menu, before a profile was taken and after (the first changes)
+BEFORE_PROFILE = ("probe", "slow", "off_by_one", "broken")
+AFTER_PROFILE = ("fast", *BEFORE_PROFILE[1:])
+
+
+def symbols(turn: int) -> tuple[str, ...]:
+    """The option names of ``turn`` (1 for the first)."""
+    return SYMBOLS[(turn - 1) % len(SYMBOLS)]
 MENU_BACKENDS = ("cpu",)
 
 # each reference's per-element function in C++ (of ``float v``): what every kind of its menu computes
@@ -45,17 +52,17 @@ class MenuProblem(Problem):
     """One reference program and its menu."""
 
     @staticmethod
-    def kind_of(letter: str, profiled: bool) -> str:
-        """The kind of kernel an answer submits, once a profile was taken (``profiled``) or not."""
-        return (AFTER_PROFILE if profiled else BEFORE_PROFILE)[letter]
+    def kind_of(option: str, turn: int, profiled: bool) -> str:
+        """The kind of kernel an answer of ``turn`` submits, once a profile was taken (``profiled``) or not."""
+        return (AFTER_PROFILE if profiled else BEFORE_PROFILE)[symbols(turn).index(option)]
 
     @staticmethod
     def kinds_played(answers: Sequence[str]) -> list[str]:
-        """The kind each answer of one trajectory submitted, in order ("" for an answer naming no option): an answer
-        submits what its letter stood for after the turns before it."""
+        """The kind each answer of one trajectory (turn 1 first) submitted ("" for an answer naming no option): an
+        answer submits what its option stood for after the turns before it."""
         kinds, profiled = [], False
-        for letter in answers:
-            kind = MenuProblem.kind_of(letter, profiled) if letter else ""
+        for turn, option in enumerate(answers, start=1):
+            kind = MenuProblem.kind_of(option, turn, profiled) if option else ""
             profiled = profiled or kind == "probe"
             kinds.append(kind)
         return kinds
@@ -66,9 +73,9 @@ class MenuProblem(Problem):
             raise ValueError(f"backend={backend!r}: the kernel menu has kernels for {', '.join(MENU_BACKENDS)} only")
         return cpu_program(kind, EXPRESSIONS[self.name], name=f"kernel_menu_{self.number}_{kind}")
 
-    def candidate(self, letter: str, backend: str, profiled: bool) -> str:
-        """The program an answer (a letter or the profile) submits."""
-        return self.program(self.kind_of(letter, profiled), backend)
+    def candidate(self, option: str, turn: int, backend: str, profiled: bool) -> str:
+        """The program an answer of ``turn`` submits."""
+        return self.program(self.kind_of(option, turn, profiled), backend)
 
     def solution(self, backend: str) -> str | None:
         return self.program("fast", backend)

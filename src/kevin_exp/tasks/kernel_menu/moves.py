@@ -1,6 +1,6 @@
 """What a kernel-menu run's policy did, step by step, from its transcripts: how often turn 1 took the profile, how
-often a turn after a profile answered A (the fast kernel then), and how often the last turn submitted the fast
-kernel. These are the moves the design turns on (docs/learning.md); rewards alone do not tell them apart."""
+often a turn after a profile submitted the fast kernel, and how often the last turn submitted the fast kernel.
+These are the moves the design turns on (docs/learning.md); rewards alone do not tell them apart."""
 from __future__ import annotations
 
 from collections import defaultdict

@@ -14,8 +14,8 @@ class Model(nn.Module):
         return y * y + x
 
 
-rows = 1024
-cols = 1024
+rows = 2048
+cols = 2048
 
 
 def get_inputs():

@@ -15,8 +15,8 @@ class Model(nn.Module):
         return y * x + 2.0
 
 
-rows = 1024
-cols = 1024
+rows = 2048
+cols = 2048
 
 
 def get_inputs():
