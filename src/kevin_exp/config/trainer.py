@@ -57,6 +57,10 @@ class TrainerConfig:
     # bounds every collective: a rank waits this long for another's generation and kernel evaluation
     dist_timeout_s: float = number(3600.0, gt=0)
 
+    def unresolved_layout(self) -> list[str]:
+        """The layout settings still ``auto`` (kevin_exp/launch/layout.py resolves them before a run starts)."""
+        return [name for name in LAYOUT_FIELDS if getattr(self, name) == AUTO]
+
     def extra_checks(self, prefix: str) -> list[str]:
         problems = []
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
@@ -101,6 +105,9 @@ def _deepspeed_installed() -> bool:
     except (ImportError, ValueError):
         return False
 
+
+# the sharding trainer's layout: each may be ``auto``
+LAYOUT_FIELDS = ("zero_stage", "offload_optimizer", "offload_params", "micro_batch_tokens")
 
 # TrainerConfig fields that only backend=deepspeed reads
 DEEPSPEED_ONLY = ("micro_batch_tokens", "zero_stage", "offload_optimizer", "offload_params", "bf16",

@@ -18,10 +18,10 @@ import math
 from typing import Any
 
 from kevin_exp.config import TrainConfig
+from kevin_exp.config.trainer import LAYOUT_FIELDS
 from kevin_exp.launch.resources import SHARDING_TRAINERS, estimate, layout_of
 from kevin_exp.settings_checks import AUTO
 
-LAYOUT_FIELDS = ("zero_stage", "offload_optimizer", "offload_params", "micro_batch_tokens")
 # (zero_stage, offload_optimizer, offload_params), fastest first
 STATES = ((2, "none", "none"), (3, "none", "none"), (3, "cpu", "none"), (3, "cpu", "cpu"))
 # without a GPU the states live in host memory whatever the offload: ZeRO-3 keeps each rank's share smallest
@@ -29,11 +29,6 @@ CPU_STATES = (3, "none", "none")
 CPU_MICRO_BATCH_TOKENS = 16384
 # micro-batch budgets are searched in steps of this many tokens
 TOKEN_STEP = 1024
-
-
-def unresolved(cfg: TrainConfig) -> list[str]:
-    """The layout settings still ``auto``."""
-    return [name for name in LAYOUT_FIELDS if getattr(cfg.trainer, name) == AUTO]
 
 
 def layout_line(cfg: TrainConfig, reason: str) -> str:
@@ -113,12 +108,12 @@ def _gpu_layout(cfg: TrainConfig) -> tuple[dict[str, Any], str]:
 def resolve_layout(cfg: TrainConfig, on_gpu: bool) -> tuple[TrainConfig, str | None]:
     """``cfg`` with every ``auto`` layout setting resolved, and the reason (None when nothing was ``auto``, or the
     trainer does not shard). ``on_gpu``: whether the run trains on GPUs (else the layout of host memory)."""
-    if cfg.trainer.backend not in SHARDING_TRAINERS or not unresolved(cfg):
+    if cfg.trainer.backend not in SHARDING_TRAINERS or not cfg.trainer.unresolved_layout():
         return cfg, None
     if on_gpu:
         values, reason = _gpu_layout(cfg)
     else:
         values = {**dict(zip(LAYOUT_FIELDS[:3], CPU_STATES)), "micro_batch_tokens": CPU_MICRO_BATCH_TOKENS}
         reason = "no GPU: the states stay in host memory, sharded over the ranks"
-    chosen = {name: values[name] for name in unresolved(cfg)}
+    chosen = {name: values[name] for name in cfg.trainer.unresolved_layout()}
     return _with(cfg, **chosen), reason

@@ -13,6 +13,7 @@ import yaml
 
 from kevin_exp.config import TrainConfig, TrainerConfig, register_configs, to_typed, world_size_problems
 from kevin_exp.config.resolvers import register_resolvers
+from kevin_exp.config.trainer import LAYOUT_FIELDS
 from kevin_exp.errors import user_errors
 from kevin_exp.launch.layout import layout_line, resolve_layout
 from kevin_exp.launch.preflight import Composer
@@ -49,7 +50,7 @@ def layout_for(overrides: list[str]) -> tuple[MemoryLayout, TrainConfig]:
         composed.append("tasks=builtin")  # memory does not depend on the tasks: no KernelBench checkout needed
     cfg = Composer("train").compose([*composed, "run_dir=unused"])
     typed = to_typed(cfg)
-    if not any(key in direct for key in ("zero_stage", "offload_optimizer", "offload_params", "micro_batch_tokens")):
+    if not any(key in direct for key in LAYOUT_FIELDS):
         typed, reason = resolve_layout(typed, on_gpu=True)
         if reason:
             print(layout_line(typed, reason))

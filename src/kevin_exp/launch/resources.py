@@ -141,8 +141,7 @@ def layout_of(cfg: TrainConfig) -> MemoryLayout:
     """The layout of a run's config (trainer settings of the sharding trainer read where they exist; an ``auto``
     one must be resolved first: kevin_exp.launch.layout.resolve_layout)."""
     m, r, ro = cfg.model, cfg.resources, cfg.rollout
-    auto = [n for n in ("zero_stage", "offload_optimizer", "offload_params", "micro_batch_tokens")
-            if getattr(cfg.trainer, n, None) == "auto"]
+    auto = cfg.trainer.unresolved_layout()
     if auto and cfg.trainer.backend in SHARDING_TRAINERS:
         raise ResourceError(f"trainer.{auto[0]}=auto has no estimate until it is resolved (launch/layout.py)")
     if m.dtype not in BYTES:

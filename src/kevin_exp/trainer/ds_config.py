@@ -22,8 +22,7 @@ ADAM_EPS = 1e-8
 
 
 def generate_deepspeed_config(trainer: TrainerConfig, world_size: int, load_universal: bool = False) -> dict[str, Any]:
-    auto = [n for n in ("zero_stage", "offload_optimizer", "offload_params", "micro_batch_tokens")
-            if getattr(trainer, n) == "auto"]
+    auto = trainer.unresolved_layout()
     if auto:
         raise ValueError(f"trainer.{auto[0]}=auto: a run resolves its layout before the learner starts "
                          "(kevin_exp.launch.layout.resolve_layout)")
