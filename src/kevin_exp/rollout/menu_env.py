@@ -70,10 +70,13 @@ def menu_prompt(task: MenuProblem, history: list[Attempt], backend: str, dropped
     """The prompt of the turn after ``history``. ``dropped``: how many of the earliest turns are left out (what
     each turn submitted, and so the menu, still follow from all of them)."""
     turn, kinds = len(history) + 1, played(history)
-    parts = [INTRO.format(device=DEVICE.get(backend, backend), what=what_it_computes(task.source)),
-             menu_text(turn, "probe" in kinds)]
-    parts += [turn_text(i + 1, a, kind) for i, (a, kind) in list(enumerate(zip(history, kinds)))[dropped:]]
-    return "\n\n".join([*parts, ask_text(turn)])
+    turns = [turn_text(i + 1, a, kind) for i, (a, kind) in list(enumerate(zip(history, kinds)))[dropped:]]
+    return _prompt(task, backend, turn, "probe" in kinds, turns)
+
+
+def _prompt(task: MenuProblem, backend: str, turn: int, profiled: bool, turns: list[str]) -> str:
+    intro = INTRO.format(device=DEVICE.get(backend, backend), what=what_it_computes(task.source))
+    return "\n\n".join([intro, menu_text(turn, profiled), *turns, ask_text(turn)])
 
 
 class MenuEnv(KernelEnv):
@@ -87,10 +90,7 @@ class MenuEnv(KernelEnv):
     def prompt(self, task: Problem, history: list[Attempt], max_tokens: int, count_tokens: Callable[[str], int]) -> tuple[str, int]:
         assert isinstance(task, MenuProblem), f"{task.problem_id} is not a kernel-menu task"
         if not self.feedback:
-            turn = len(history) + 1
-            parts = [INTRO.format(device=DEVICE.get(self.backend, self.backend), what=what_it_computes(task.source)),
-                     menu_text(turn, profiled=False), ask_text(turn)]
-            return "\n\n".join(parts), 0
+            return _prompt(task, self.backend, len(history) + 1, profiled=False, turns=[]), 0
         shown = history
         dropped = 0
         # the earliest turns go first when the prompt is over its budget, as in KernelEnv's prompts
