@@ -103,7 +103,7 @@ def headline_lines(run_dir: Path, cfg: TrainConfig) -> list[str]:
     if reward == 0 and cfg.model.name in SMOKE_MODELS and cfg.rollout.env == "kernel" and cfg.tasks.suite != "kernel_menu":
         lines += ["", f"note: model={cfg.model.name} is a smoke-scale policy that writes no valid kernels, so its reward "
                   "stays at 0 and the update has nothing to learn from. To see the whole loop learn on a CPU (this model "
-                  "choosing among real kernels, about 13 minutes on 2 cores): python -m kevin_exp.train "
+                  "choosing among real kernels, about 16 minutes on 2 cores): python -m kevin_exp.train "
                   "experiment=learn_cpu; for kernels it writes itself, a 7B+ model on a GPU (experiment=kevin_7b)."]
     return lines
 
