@@ -25,7 +25,7 @@ VALID: dict[str, dict] = {
     "ready": {"op": "ready", "i": 3, "busy_ms": 0.5, "fingerprint": [["float32", [256, 2048], 123456789], 2.5]},
     "problem_ready": {"op": "problem_ready"},
     "device_region": {"op": "device_region", "where": "host", "why": "the driver refused"},
-    "loaded": {"op": "loaded", "device": "cpu", "load_s": 0.25},
+    "loaded": {"op": "loaded", "device": "cpu", "load_s": 0.25, "load_phases": {"region": 0.2, "module": 0.01}},
     "ran": {"op": "ran", "i": 3, "ms": 0.8},
     "done": {"op": "done", "i": 3, "busy_ms": 1.0,
              "outputs": {"t": "tensor", "dtype": "float32", "shape": [256, 2048], "offset": 2097152, "nbytes": 2097152},

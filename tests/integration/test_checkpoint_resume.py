@@ -10,7 +10,8 @@ import torch
 import transformers
 
 from kevin_exp.errors import UserError
-from kevin_exp.trainer.checkpoint import POLICY_FILE, TRAINER_FILE, Checkpointer, checkpoint_step, find_checkpoint, load_policy_weights
+from kevin_exp.trainer.checkpoint import (POLICY_FILE, TRAINER_FILE, Checkpointer, checkpoint_step, find_checkpoint,
+                                          has_full_state, load_policy_weights)
 
 VOCAB = 96
 
@@ -103,6 +104,28 @@ def test_pruning_keeps_the_newest_and_the_marked_checkpoints(tmp_path):
     assert kept == ["step_000002", "step_000003", "step_000006", "step_000007"]
     assert (root / "latest").read_text() == "step_000007"
     assert checkpointer.latest() == root / "step_000007"
+
+
+def test_policy_only_checkpoints_are_read_by_evaluation_but_never_resumed_from(tmp_path):
+    """trainer.state_every: the checkpoints between hold the policy alone; a run resumes from the newest one that
+    holds the trainer's state, which pruning keeps however many policy-only ones came after it."""
+    run = Trainer(seed=0)
+    checkpointer = Checkpointer(tmp_path)  # keep_checkpoints=1
+    root = tmp_path / "checkpoints"
+    checkpointer.save(2, run.model, run.optimizer, run.scheduler, {"run_id": "r"})
+    for step in (3, 4):
+        run.step()
+        checkpointer.save(step, run.model, run.optimizer, run.scheduler, {"run_id": "r"}, full_state=False)
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000002", "step_000004"]
+    assert sorted(p.name for p in (root / "step_000004").iterdir()) == [POLICY_FILE, "state.json"]
+    assert not has_full_state(root / "step_000004") and has_full_state(root / "step_000002")
+    assert checkpointer.latest() == root / "step_000002"
+    assert find_checkpoint(tmp_path) == root / "step_000004"  # evaluation reads the newest policy
+    load_policy_weights(root / "step_000004", tiny_model(seed=3))
+    with pytest.raises(UserError, match="holds the policy only"):
+        checkpointer.load(root / "step_000004", run.model, run.optimizer, run.scheduler)
+    checkpointer.save(5, run.model, run.optimizer, run.scheduler)
+    assert [p.name for p in root.glob("step_*")] == ["step_000005"]
 
 
 def test_one_checkpoint_is_kept_by_default(tmp_path):

@@ -336,3 +336,19 @@ def test_a_run_hands_the_gil_over_promptly_and_puts_the_interval_back(evaluator)
     assert v.status is Status.OK, v.reason
     assert before > RUN_SWITCH_INTERVAL_S and min(seen) == pytest.approx(RUN_SWITCH_INTERVAL_S)
     assert sys.getswitchinterval() == before
+
+
+def test_the_load_reports_where_its_time_went(evaluator):
+    """The verdict's phases split the candidate's load into its parts; a module that works at import (here a
+    Python loop, hundreds of milliseconds) shows as ``load_module_s``, not as the harness's own parts, which include
+    the collection before the first call (it walks only what the load made: the harness's objects are frozen)."""
+    from kevin_exp.bench.protocol import LOAD_PHASES
+
+    busy = cand("ok").replace("import torch\n", "import torch\n\n_warm = sum(i * i for i in range(3_000_000))\n", 1)
+    assert "_warm" in busy
+    [v] = evaluator.evaluate([EvalItem("busy-import", RELU, busy)])
+    assert v.status is Status.OK, v.reason
+    phases = v.extra["phases"]
+    parts = {k: phases[f"load_{k}_s"] for k in LOAD_PHASES}
+    assert sum(parts.values()) <= phases["load_s"] + 0.01
+    assert max(parts, key=parts.get) == "module", parts

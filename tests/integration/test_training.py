@@ -218,3 +218,27 @@ def test_a_named_sweep_refuses_a_directory_holding_another_sweeps_results(tmp_pa
     assert other.returncode != 0
     assert "holds the results of another sweep" in other.stderr and "sweep_name=<new name>" in other.stderr
     assert not list((tmp_path / "sweep").glob("normalization-*"))
+
+
+def test_state_every_and_a_row_lost_after_its_checkpoint_comes_back(tmp_path):
+    """trainer.state_every=2: step 1's checkpoint holds the policy only, steps 2 and 3 (the last) the optimizer's
+    states too; every row says what its checkpoint cost. A run stopped after step 3's checkpoint was in place and
+    before its row was appended gets the row back from the checkpoint when it starts again."""
+    from kevin_exp.trainer.checkpoint import has_full_state
+
+    overrides = SYNTHETIC + ["steps=3", "n_trajectories=2", "n_turns=1", "rollout.max_new_tokens=4",
+                             "trainer.state_every=2", "trainer.keep_checkpoints=3"]
+    _run(overrides, tmp_path).fit()
+    root = tmp_path / "checkpoints"
+    assert [has_full_state(root / f"step_{k:06d}") for k in (1, 2, 3)] == [False, True, True]
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["checkpoint_s"] > 0 for r in rows)
+
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    again = _run(overrides, tmp_path)
+    again.folder.close()
+    assert again.start_step == 4
+    restored = read_jsonl(tmp_path / "metrics.jsonl")
+    assert restored[:2] == rows[:2]
+    assert restored[2] == {**rows[2], "checkpoint_s": None}

@@ -184,3 +184,11 @@ def test_the_launcher_plugin_is_discovered_by_hydra():
 
     names = {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Launcher)}
     assert "hydra_plugins.kevin_exp_launcher.checked_slurm.CheckedSlurmLauncher" in names
+
+
+def test_state_every_must_fall_on_checkpoint_steps():
+    from kevin_exp.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"trainer.state_every=3: expected a multiple of trainer.checkpoint_every=2"):
+        compose_train(["trainer.checkpoint_every=2", "trainer.state_every=3"])
+    assert compose_train(["trainer.checkpoint_every=2", "trainer.state_every=4"]).trainer.state_every == 4

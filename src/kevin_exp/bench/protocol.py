@@ -27,11 +27,13 @@ from kevin_exp.bench.exchange import Layout, header_bytes, padded_bytes, seal_si
 from kevin_exp.bench.physical_floor import floor_record
 from kevin_exp.bench.reference_process import START_TIMEOUT_S, ReferenceFailed, ReferenceProcess, ReferenceTimings
 from kevin_exp.bench.reference_timing import REFERENCE_TIMING_BLOCKS, Measurement, settle
-from kevin_exp.bench.run_outcome import RunOutcome, answered, finish, reference_failed
+from kevin_exp.bench.run_outcome import RunOutcome, answered, finish, is_time, reference_failed
 from kevin_exp.bench.trial_calls import REFERENCE_SLACK_S, SAMPLED_KINDS, CalibrationRecord, Calls, TrialChecks
 from kevin_exp.bench.worker_process import WorkerProcess
 
 CALIBRATION_CALLS = 20
+# the parts of the runner's load it reports (``worker/runner.Runner``), kept in the verdict's phases as load_<part>_s
+LOAD_PHASES = ("region", "snapshots", "module", "construct", "collect")
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,8 @@ def run_protocol(ref: ReferenceProcess, runner: WorkerProcess, exchange_fd: int,
         if not answered(outcome, runner, reply, "load", "loaded"):
             return outcome
         lap("load_s")
+        told = reply.get("load_phases") or {}
+        outcome.phases.update({f"load_{k}_s": told[k] for k in LOAD_PHASES if is_time(told.get(k))})
 
         starts = chunk_plan(kinds, seeded, header_bytes(prepared["input"]), header_bytes(prepared["output"]),
                             config.chunk_bytes)

@@ -222,7 +222,7 @@ RUNNER: dict[str, Message] = {
     "ready": Message(optional={"i": CALL_INDEX, "busy_ms": MILLISECONDS, "fingerprint": fingerprint}),
     "problem_ready": Message(),
     "device_region": Message({"where": choice("device", "host")}, {"why": text(1000)}),
-    "loaded": Message({"device": text(200), "load_s": number(0.0, 1e6)}),
+    "loaded": Message({"device": text(200), "load_s": number(0.0, 1e6)}, {"load_phases": plain(1, 16, 40)}),
     "ran": Message({"i": CALL_INDEX, "ms": nullable(MILLISECONDS)}),
     "done": Message({"i": CALL_INDEX, "outputs": header, "after": header},
                     {"shape": header, "busy_ms": MILLISECONDS}),

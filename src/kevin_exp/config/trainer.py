@@ -35,6 +35,10 @@ class TrainerConfig:
     # response positions whose logits are computed at once (the vocabulary's fp32 logits of this many tokens)
     logprob_chunk_tokens: int = number(4096, ge=1)
     checkpoint_every: int = number(1, ge=1)
+    # the optimizer's states (and the RNG states) are kept on checkpoints whose step is a multiple of state_every,
+    # and on the run's last: the checkpoints between hold the policy only (a quarter of a 7B checkpoint's bytes
+    # under AdamW in bf16). A run resumes from the newest checkpoint that holds them; rows after it are dropped
+    state_every: int = number(1, ge=1)
     # checkpoints kept: the newest keep_checkpoints, plus those whose step is a multiple of keep_every (0: none)
     # and any folder holding a file named `keep` (kevin_exp/trainer/checkpoint.py)
     keep_checkpoints: int = number(1, ge=1)
@@ -63,6 +67,9 @@ class TrainerConfig:
 
     def extra_checks(self, prefix: str) -> list[str]:
         problems = []
+        if self.state_every % self.checkpoint_every:
+            problems.append(f"{prefix}state_every={self.state_every}: expected a multiple of {prefix}checkpoint_every="
+                            f"{self.checkpoint_every} (the optimizer's states are kept on checkpoint steps)")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             problems.append(f"{prefix}device={self.device!r}: expected auto, cpu, cuda or cuda:N")
         if self.backend == "torch":

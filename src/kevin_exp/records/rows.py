@@ -14,7 +14,7 @@ from kevin_exp.rollout.loop import RolloutTimes, TurnSample
 
 # measured, so they differ between two runs of the same settings (a comparison of runs leaves them out)
 MEASURED_COLUMNS = ("generate_s", "evaluate_s", "evaluate_wait_s", "train_s", "step_s", "gpu_mem_peak_gb",
-                    "host_rss_peak_gb", "train_tokens_per_s", "mfu", "ranks")
+                    "host_rss_peak_gb", "train_tokens_per_s", "mfu", "ranks", "checkpoint_s")
 
 def training_settings(cfg: TrainConfig) -> dict[str, Any]:
     """The settings that define a trained policy, under the column names the analysis groups by."""

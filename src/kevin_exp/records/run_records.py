@@ -31,13 +31,14 @@ def run_id_for(run_dir: Path) -> str:
     return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float made null (JSON has no NaN)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -49,7 +50,7 @@ class JsonlWriter:
 
     def append(self, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:
-            self._fh.write(json.dumps(_clean(row), allow_nan=False) + "\n")
+            self._fh.write(json.dumps(json_safe(row), allow_nan=False) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
 
@@ -121,6 +122,15 @@ class RunRecords:
     def append_metrics(self, row: dict[str, Any]) -> None:
         assert self._metrics is not None
         self._metrics.append([row])
+
+    def restore_metrics(self, row: dict[str, Any]) -> bool:
+        """Append a step's metrics row kept in its checkpoint, where the run stopped after the checkpoint was in
+        place and before the row was appended (nothing is appended when a row of that step is there)."""
+        assert self._metrics is not None
+        if any(r.get("step") == row.get("step") for r in read_jsonl(self.metrics_path)):
+            return False
+        self._metrics.append([row])
+        return True
 
     def close(self) -> None:
         for w in (self._turns, self._metrics):

@@ -38,6 +38,7 @@ from kevin_exp.launch.resources import uses_gpu
 from kevin_exp.launch.world import context_from_env
 from kevin_exp.models.loading import Policy
 from kevin_exp.records.progress import Progress
+from kevin_exp.records.run_records import json_safe
 from kevin_exp.records.rows import metrics_row, scale_columns, training_settings, turn_row
 from kevin_exp.records.transcripts import transcript_rows
 from kevin_exp.rollout.generators import build_generator
@@ -134,12 +135,14 @@ class TrainingRun:
         self.n_params = self.learner.parameter_count()
         self.peak_flops = device_peak_flops(self.device)
         self.start_step = 1
+        kept_row = None
         if latest is not None:
             if sharded:
                 state = self.checkpointer.load_sharded(latest, self.learner)
             else:
                 state = self.checkpointer.load(latest, self.learner.model, self.learner.optimizer, self.learner.scheduler)
             self.start_step = state["step"] + 1
+            kept_row = state.get("row")
             log.info("resuming %s from %s (%d steps done)", self.run_dir, latest.name, state["step"])
         if self.ctx.is_main:
             dropped = self.records.resume_at(self.start_step - 1)
@@ -147,16 +150,30 @@ class TrainingRun:
                 log.info("dropped %d rows written after the last checkpoint; their steps run again", dropped)
             self.folder.transcripts.resume_at(self.start_step - 1)
             self.folder.open(cfg, self.start_step)
+            if kept_row and self.records.restore_metrics(kept_row):
+                log.info("step %d's metrics row restored from its checkpoint (the run stopped before appending it)",
+                         kept_row["step"])
             self.metric_logger = build_logger(cfg, self.folder, self.sweep)
         collectives.barrier()
 
-    def save_checkpoint(self, step: int) -> None:
-        extra = {"run_id": self.run_id}
+    def checkpoint(self, step: int, row: dict[str, Any]) -> float | None:
+        """Step ``step``'s checkpoint, where one is due (every ``trainer.checkpoint_every`` steps and after the last),
+        with the optimizer's states where ``trainer.state_every`` says so; its seconds (max over ranks; None when
+        none was due). The checkpoint keeps the step's metrics row: a run stopped after the checkpoint is in place
+        and before the row is appended gets the row back when it resumes."""
+        trainer, last = self.cfg.trainer, step == self.cfg.steps
+        if step % trainer.checkpoint_every and not last:
+            return None
+        full_state = step % trainer.state_every == 0 or last
+        t0 = time.perf_counter()
+        extra = {"run_id": self.run_id, "row": {**row, "checkpoint_s": None} if row else None}
         with signals_held():
-            if self.cfg.trainer.backend == "deepspeed":
-                self.checkpointer.save_sharded(step, self.learner, extra)
+            if trainer.backend == "deepspeed":
+                self.checkpointer.save_sharded(step, self.learner, extra, full_state)
             elif self.ctx.is_main:
-                self.checkpointer.save(step, self.learner.model, self.learner.optimizer, self.learner.scheduler, extra)
+                self.checkpointer.save(step, self.learner.model, self.learner.optimizer, self.learner.scheduler, extra,
+                                       full_state)
+        return round(collectives.reduce_values([time.perf_counter() - t0], "max")[0], 4)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> list[dict[str, Any]]:
@@ -182,8 +199,6 @@ class TrainingRun:
                 if main:
                     progress.step(metrics)
                     self.metric_logger.log(metrics)
-                if step % cfg.trainer.checkpoint_every == 0 or step == cfg.steps:
-                    self.save_checkpoint(step)
         finally:
             if ahead is not None:
                 ahead.drop()
@@ -255,6 +270,10 @@ class TrainingRun:
             # policy versions between the weights the step's responses were sampled with and those it trained
             metrics["policy_staleness"] = rollout.staleness
             metrics["ranks"] = [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in ranks]
+        # before the row is appended, so the row says what its checkpoint cost (the checkpoint keeps the row)
+        checkpoint_s = self.checkpoint(step, json_safe(metrics))
+        if ctx.is_main:
+            metrics["checkpoint_s"] = checkpoint_s
             self.records.append_metrics(metrics)
         return collectives.broadcast_object(metrics)
 

@@ -32,12 +32,15 @@ whose step is a multiple of ``trainer.keep_every`` (0: none), and any folder hol
 """
 from __future__ import annotations
 
-import argparse
 import json
+import logging
 import os
 import random
 import re
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,7 @@ UNIVERSAL_DIR = "universal"
 # the layout written before safetensors (policy.pt, optimizer.pt, rng.pt; 0-based step numbers)
 LEGACY_POLICY_FILE = "policy.pt"
 _STEP_DIR = re.compile(r"step_(\d+)")
+log = logging.getLogger(__name__)
 
 
 class Checkpointer:
@@ -71,29 +75,36 @@ class Checkpointer:
         self.keep, self.keep_every = keep, keep_every
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint, or None when there is none."""
-        steps = _step_dirs(self.root)
-        if not steps:
-            return None
-        newest = steps[-1][1]
-        if is_legacy(newest):
-            raise UserError(f"{newest} was written in an older checkpoint format ({LEGACY_POLICY_FILE}) and cannot "
-                            "be resumed: start the run in a new run_dir")
-        complete = [path for _, path in steps if _is_complete(path)]
+        """The newest complete checkpoint that holds the trainer's state (the one a run resumes from), or None."""
+        resumable = [path for path in self._complete() if has_full_state(path)]
+        return resumable[-1] if resumable else None
+
+    def newest(self) -> Path | None:
+        """The newest complete checkpoint, the policy-only ones included (what evaluation reads), or None."""
+        complete = self._complete()
         return complete[-1] if complete else None
 
+    def _complete(self) -> list[Path]:
+        steps = _step_dirs(self.root)
+        if steps and is_legacy(steps[-1][1]):
+            raise UserError(f"{steps[-1][1]} was written in an older checkpoint format ({LEGACY_POLICY_FILE}) and "
+                            "cannot be resumed: start the run in a new run_dir")
+        return [path for _, path in steps if _is_complete(path)]
+
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-             extra: dict[str, Any] | None = None) -> Path:
-        """Writes the checkpoint of the (1-based) step just finished, then prunes older ones."""
+             extra: dict[str, Any] | None = None, full_state: bool = True) -> Path:
+        """Writes the checkpoint of the (1-based) step just finished, then prunes older ones; without
+        ``full_state``, the policy alone (``trainer.state_every``)."""
         final, tmp = self._paths(step)
         self._clear_leftovers()
         tmp.mkdir(parents=True)
         save_model(model, str(tmp / POLICY_FILE))
-        tensors, opt_state = _split_optimizer(optimizer.state_dict())
-        rng_tensors, rng_state = _rng_state()
-        save_file({**tensors, **rng_tensors}, str(tmp / TRAINER_FILE))
-        state = {**(extra or {}), "step": step, "optimizer": opt_state, "scheduler": scheduler.state_dict(),
-                 "rng": rng_state}
+        state = {**(extra or {}), "step": step, "full_state": full_state}
+        if full_state:
+            tensors, opt_state = _split_optimizer(optimizer.state_dict())
+            rng_tensors, rng_state = _rng_state()
+            save_file({**tensors, **rng_tensors}, str(tmp / TRAINER_FILE))
+            state.update(optimizer=opt_state, scheduler=scheduler.state_dict(), rng=rng_state)
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
         self._publish(tmp, final)
         return final
@@ -105,8 +116,10 @@ class Checkpointer:
         if (path / ZERO_TAG).is_dir():
             raise UserError(f"{path}: written by trainer.backend=deepspeed; resume it with trainer=deepspeed (or start "
                             "the run in a new run_dir)")
+        _refuse_policy_only(path)
         load_policy_weights(path, model)
         state = json.loads((path / STATE_FILE).read_text())
+        state.pop("full_state", None)
         tensors = load_file(str(path / TRAINER_FILE))
         optimizer.load_state_dict(_join_optimizer(tensors, state.pop("optimizer"), optimizer))
         scheduler.load_state_dict(state.pop("scheduler"))
@@ -114,23 +127,26 @@ class Checkpointer:
         return state
 
     # ------------------------------------------------------------------ DeepSpeed (every rank calls these)
-    def save_sharded(self, step: int, learner: Any, extra: dict[str, Any] | None = None) -> Path:
-        """The DeepSpeed learner's checkpoint of the step just finished (a collective: every rank calls it)."""
+    def save_sharded(self, step: int, learner: Any, extra: dict[str, Any] | None = None, full_state: bool = True) -> Path:
+        """The DeepSpeed learner's checkpoint of the step just finished (a collective: every rank calls it); without
+        ``full_state``, the consolidated policy alone (``trainer.state_every``)."""
         final, tmp = self._paths(step)
         rank, main = collectives.rank(), collectives.rank() == 0
         if main:
             self._clear_leftovers()
             tmp.mkdir(parents=True)
         collectives.barrier()
-        learner.engine.save_checkpoint(str(tmp), tag=ZERO_TAG, save_latest=False)
-        rng_tensors, rng_state = _rng_state()
-        save_file(rng_tensors, str(tmp / f"rng_rank{rank}.safetensors"))
-        (tmp / f"rng_rank{rank}.json").write_text(json.dumps(rng_state))
-        collectives.barrier()
+        if full_state:
+            learner.engine.save_checkpoint(str(tmp), tag=ZERO_TAG, save_latest=False)
+            rng_tensors, rng_state = _rng_state()
+            save_file(rng_tensors, str(tmp / f"rng_rank{rank}.safetensors"))
+            (tmp / f"rng_rank{rank}.json").write_text(json.dumps(rng_state))
+            collectives.barrier()
         policy_state = learner.consolidated_state()  # gathered on rank 0 (a collective without a whole copy)
         if main:
             save_model(_StateHolder(policy_state), str(tmp / POLICY_FILE))
-            state = {**(extra or {}), "step": step, "world_size": collectives.world_size(), "backend": "deepspeed"}
+            state = {**(extra or {}), "step": step, "world_size": collectives.world_size(), "backend": "deepspeed",
+                     "full_state": full_state}
             (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
             self._publish(tmp, final)
         collectives.barrier()
@@ -139,7 +155,9 @@ class Checkpointer:
     def load_sharded(self, path: Path, learner: Any) -> dict[str, Any]:
         """Restores what ``save_sharded`` wrote (a collective); another world size loads the universal form."""
         path = Path(path)
+        _refuse_policy_only(path)
         state = json.loads((path / STATE_FILE).read_text())
+        state.pop("full_state", None)
         if "world_size" not in state:
             raise UserError(f"{path}: written by trainer.backend=torch; resume it with trainer=torch (or start the "
                             "run in a new run_dir)")
@@ -183,8 +201,12 @@ class Checkpointer:
         self._prune(final)
 
     def _prune(self, newest: Path) -> None:
+        """Keeps the newest ``keep``, the marked ones, and the newest that holds the trainer's state (what a
+        restarted run resumes from, however many policy-only checkpoints came after it)."""
         complete = [(step, path) for step, path in _step_dirs(self.root) if _is_complete(path)]
         recent = {path for _, path in complete[-self.keep:]}
+        resumable = [path for _, path in complete if has_full_state(path)]
+        recent.update(resumable[-1:])
         for step, path in complete:
             marked = (self.keep_every > 0 and step % self.keep_every == 0) or (path / KEEP_FILE).exists()
             if path != newest and path not in recent and not marked:
@@ -219,7 +241,7 @@ def find_checkpoint(path: str | Path) -> Path:
         raise UserError(f"checkpoint={path}: neither a run directory (it has no checkpoints/ folder) nor a "
                         f"checkpoint folder (it has no {POLICY_FILE}); {fix}")
     try:
-        latest = Checkpointer(run_dir).latest()
+        latest = Checkpointer(run_dir).newest()
     except UserError as e:
         raise UserError(f"checkpoint={path}: {e}") from None
     if latest is None:
@@ -247,22 +269,46 @@ def saved_world_size(checkpoint_dir: Path) -> int | None:
 
 
 def universal_checkpoint(checkpoint_dir: Path) -> Path:
-    """``checkpoint_dir/universal``: the world-size-free form of its ``zero/`` shards (made once, atomically).
-    The same as ``python -m deepspeed.checkpoint.ds_to_universal --input_folder step_N/zero --output_folder
-    step_N/universal/zero``."""
-    from deepspeed.checkpoint import ds_to_universal
-
+    """``checkpoint_dir/universal``: the world-size-free form of its ``zero/`` shards, made once (atomically) and
+    kept next to them, so a second resume on another number of ranks loads it directly. The conversion is
+    DeepSpeed's (``python -m deepspeed.checkpoint.ds_to_universal --input_folder step_N/zero --output_folder
+    step_N/universal/zero``), run in a process of its own (a fresh one, not a fork of a rank that holds a CUDA
+    context) with extract and merge workers sized to the host (``conversion_workers``); its stages go to the log as
+    they happen."""
     out = Path(checkpoint_dir) / UNIVERSAL_DIR
     if out.is_dir():
+        log.info("%s: loading the universal form made by an earlier resume", out)
         return out
     tmp = Path(checkpoint_dir) / f".{UNIVERSAL_DIR}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    args = argparse.Namespace(input_folder=str(Path(checkpoint_dir) / ZERO_TAG), output_folder=str(tmp / ZERO_TAG),
-                              num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
-                              inject_missing_state=False)
-    ds_to_universal.main(args)
+    extract, merge = conversion_workers(saved_world_size(checkpoint_dir) or 1)
+    log.info("converting %s (written by %s ranks) to DeepSpeed's universal form: %d extract and %d merge workers",
+             checkpoint_dir, saved_world_size(checkpoint_dir), extract, merge)
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+           "--input_folder", str(Path(checkpoint_dir) / ZERO_TAG), "--output_folder", str(tmp / ZERO_TAG),
+           "--num_extract_workers", str(extract), "--num_merge_workers", str(merge)]
+    tail: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.strip()
+            tail = [*tail[-19:], line]
+            if line.startswith("***"):  # the conversion's stages (its progress bars stay out of the log)
+                log.info("universal form: %s (%.0f s)", line.strip("* "), time.monotonic() - t0)
+    if proc.returncode:
+        raise RuntimeError(f"converting {checkpoint_dir} to DeepSpeed's universal form failed (exit {proc.returncode}); "
+                           "its last lines:\n" + "\n".join(tail))
     os.rename(tmp, out)
+    log.info("universal form of %s made in %.1f s, kept for later resumes", checkpoint_dir, time.monotonic() - t0)
     return out
+
+
+def conversion_workers(saved_ranks: int, cores: int | None = None) -> tuple[int, int]:
+    """Extract workers (one per saved rank's shard, at most one per core) and merge workers (half the cores, at
+    most 8: each holds every rank's slices of one parameter's states at once)."""
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, min(saved_ranks, cores)), max(1, min(cores // 2, 8))
 
 
 def checkpoint_step(checkpoint_dir: Path) -> int:
@@ -272,6 +318,18 @@ def checkpoint_step(checkpoint_dir: Path) -> int:
 
 def is_legacy(path: Path) -> bool:
     return (path / LEGACY_POLICY_FILE).is_file() and not (path / POLICY_FILE).is_file()
+
+
+def has_full_state(path: Path) -> bool:
+    """Whether a checkpoint holds the trainer's state besides the policy (checkpoints written before
+    ``trainer.state_every`` existed all do)."""
+    return bool(json.loads((Path(path) / STATE_FILE).read_text()).get("full_state", True))
+
+
+def _refuse_policy_only(path: Path) -> None:
+    if not has_full_state(path):
+        raise UserError(f"{path}: holds the policy only (trainer.state_every), so a run cannot resume from it; "
+                        "resume from a checkpoint whose step is a multiple of trainer.state_every")
 
 
 def _is_complete(path: Path) -> bool:
