@@ -275,7 +275,9 @@ def _calibrate(outcome: RunOutcome, ref: ReferenceProcess, runner: WorkerProcess
     expected shape: what the parent's clock sees of a call beyond its reported time when nothing under-reports
     (``verdict.timing_bound`` subtracts it from the candidate's outside time)."""
     calls = Calls(outcome, ref, runner, layout, seeded, ref_limit, "start", config.load_timeout_s)
-    calls.chunk(secret, -CALIBRATION_CALLS, ["timed"] * CALIBRATION_CALLS, ref_limit)
+    # one input set for all of them: the stand-in ignores its inputs' values, and drawing a fresh set per call (on
+    # both sides) was most of a cpu run's calibration time
+    calls.chunk(secret, -CALIBRATION_CALLS, ["timed"] * CALIBRATION_CALLS, ref_limit, same_inputs=True)
     record = CalibrationRecord(outcome, ref, runner, layout, config)
     for i in range(-CALIBRATION_CALLS, 0):
         if not calls.run(i, "timed", lambda staged: {"op": "calibrate", "i": i, **_inputs(staged), "layout": layout.to_json(),

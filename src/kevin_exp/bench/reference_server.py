@@ -222,7 +222,8 @@ class Server:
         Trials in ``samples`` (trial -> sample seed) are checked only at sampled positions: for them only the
         expected values there, and the inputs' values at positions of their own, are kept (taken as each output is
         made, then brought to host memory together), so their check needs no device work and a chunk of them
-        holds no whole outputs."""
+        holds no whole outputs. With ``same_inputs`` (the calibration's calls, made before any candidate code) every
+        call takes the first call's inputs: drawn and computed once, checked at positions of each call's own."""
         self.secret = int(r["secret"])
         self.trials, self.atol_scale = {}, {}
         samples = {int(k): int(v) for k, v in (r.get("samples") or {}).items()}
@@ -231,18 +232,24 @@ class Server:
         to_sample: dict[int, Any] = {}
         inputs_to_sample: dict[int, Any] = {}
         hidden: dict[str, Any] = {}
+        start, same = int(r["start"]), bool(r.get("same_inputs"))
+        first: tuple[list[Any], Any, list[Any] | None] | None = None
         with torch.no_grad():
-            for i in range(int(r["start"]), int(r["start"]) + int(r["count"])):
+            for i in range(start, start + int(r["count"])):
                 if i in variants:  # a hidden check: staged through the region, never from a seed
                     inputs, expected, hidden[str(i)] = self._hidden_call(variants[i], trial_seed(self.secret, i))
                     self.atol_scale[i] = float(hidden[str(i)].get("atol_scale", 1.0))
                     self.trials[i] = (inputs, expected)
                     del inputs, expected
                     continue
-                inputs = self.problem.inputs(trial_seed(self.secret, i))
-                expected = self.problem.model(*clone_values(inputs))
+                seed = trial_seed(self.secret, start if same else i)
+                if first is None or not same:
+                    inputs = self.problem.inputs(seed)
+                    expected = self.problem.model(*clone_values(inputs))
+                    first = (inputs, expected, fingerprint_lazy(list(inputs)) if r.get("seeded") else None)
+                inputs, expected, drawn = first
                 if r.get("seeded"):  # the runner draws each call's inputs from its seed; the fingerprint must match
-                    staged[str(i)] = {"seed": trial_seed(self.secret, i), "fingerprint": fingerprint_lazy(list(inputs))}
+                    staged[str(i)] = {"seed": seed, "fingerprint": drawn}
                 if i in samples:  # (its inputs are kept only to be written to the region)
                     self.trials[i] = (None if r.get("seeded") else inputs,
                                       _Sampled(describe(expected), samples[i], describe(list(inputs))))
@@ -251,6 +258,7 @@ class Server:
                 else:
                     self.trials[i] = (inputs, expected)
                 del inputs, expected
+            del first
             order = list(to_sample)
             rows = to_host([to_sample[i] for i in order] + [inputs_to_sample[i] for i in order])
             for k, i in enumerate(order):

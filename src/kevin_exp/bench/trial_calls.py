@@ -58,16 +58,17 @@ class Calls:
         if is_time(ms):
             self.busy[key] += ms / 1e3
 
-    def chunk(self, secret: int, start: int, kinds: list[str], limit: float) -> None:
+    def chunk(self, secret: int, start: int, kinds: list[str], limit: float, same_inputs: bool = False) -> None:
         """The reference draws the inputs of calls [start, start + len(kinds)) and computes their expected outputs
         (with seeded inputs, also each call's seed and fingerprint). A timed or warm-up call's output and inputs
         are checked at positions drawn from a seed drawn now: the reference keeps only the expected values there
-        (and the inputs' values at theirs); the seed goes to the reference process only."""
+        (and the inputs' values at theirs); the seed goes to the reference process only. ``same_inputs``: every call
+        gets the first one's inputs (the calibration, where no candidate code is loaded to learn it)."""
         assert self.ran is None
         self.samples = {start + k: secrets.randbits(63) for k, kind in enumerate(kinds) if kind in SAMPLED_KINDS}
         reply = self.ref.call({"op": "chunk", "secret": secret, "start": start, "count": len(kinds), "seeded": self.seeded,
                                "samples": {str(i): seed for i, seed in self.samples.items()},
-                               "variants": hidden_checks.variants(kinds, start)}, limit)
+                               "variants": hidden_checks.variants(kinds, start), "same_inputs": same_inputs}, limit)
         self.staged = (reply.get("staged") or {}) if self.seeded else {}
         for i, drawn in (reply.get("hidden") or {}).items():  # what each hidden call drew, for the verdict's record
             self.outcome.hidden.setdefault("drawn", {})[i] = drawn

@@ -29,7 +29,7 @@ from kevin_exp.bench.worker.final_output import final_output, held_inputs, input
 from kevin_exp.bench.worker.framework_flags import FlagSnapshot
 from kevin_exp.bench.worker.memory_fill import input_reader, poison_allocator, zeros_like
 from kevin_exp.bench.worker.outcomes import NeedsBuild, Rejected, stage
-from kevin_exp.bench.worker.tensors import device_name, synchronize
+from kevin_exp.bench.worker.tensors import clone_values, device_name, synchronize
 from kevin_exp.bench.worker.timing import CacheFlusher, Timer
 
 
@@ -129,6 +129,8 @@ class Harness:
         self.fd_socket = -1  # where the parent sends the device region's descriptor (cuda)
         self.device_bytes: DeviceBytes | None = None  # the outputs part in device memory, once attached
         self.device_region: Any = None
+        # the calibration's calls all draw from one seed: its inputs and their fingerprint, drawn once and copied
+        self.calibration_inputs: tuple[int, list[Any], list[Any]] | None = None
 
     def close_fd_socket(self) -> None:
         if self.fd_socket >= 0:
@@ -179,7 +181,14 @@ class Harness:
 
             if self.problem is None or not _is_seed(request["seed"]):
                 raise Rejected("crashed", "evaluator error: bad request (a seed without a problem)")
-            inputs = make_inputs(self.problem, int(request["seed"]), self.device)
+            seed = int(request["seed"])
+            if request.get("op") == "calibrate":  # no candidate code is loaded yet: a copy is as good as a draw
+                if self.calibration_inputs is None or self.calibration_inputs[0] != seed:
+                    drawn = make_inputs(self.problem, seed, self.device)
+                    self.calibration_inputs = (seed, drawn, fingerprint(list(drawn)))
+                _, drawn, prints = self.calibration_inputs
+                return clone_values(drawn), prints
+            inputs = make_inputs(self.problem, seed, self.device)
             return inputs, fingerprint(list(inputs))
         return self.read(request["inputs"], self.layout.inputs_at, self.layout.outputs_at), None
 
@@ -321,6 +330,7 @@ class Runner:
         self.rules = job["rules"]
         self.layout = Layout.from_json(job["layout"])
         harness.layout = self.layout
+        harness.calibration_inputs = None
         harness.expected_output = job["output"]
         # TF32 off: fp32 problems are compared against true fp32 (hack 11).
         torch.backends.cuda.matmul.allow_tf32 = False
