@@ -101,3 +101,37 @@ def test_the_memory_report_prints_the_layout_line():
     assert re.fullmatch(r"layout: zero_stage=[23] offload_optimizer=none offload_params=none "
                         r"micro_batch_tokens=\d+ \(the fastest layout that fits: .*\)", line), line
     assert "fits" in proc.stdout and "DOES NOT FIT" not in proc.stdout
+
+
+def _generation(cfg, batch: int):
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, generation_batch_size=batch))
+
+
+def test_the_generation_batch_is_what_the_kv_cache_left_by_the_layout_holds():
+    """kevin_32b on 8 x 141 GB: the trainer's layout first, then the most sequences per generate() call whose KV
+    cache still fits beside it; one more would not."""
+    from kevin_exp.launch.layout import generation_line, sequences_per_turn
+
+    cfg, _ = resolved("experiment=kevin_32b", "resources=h200x8")
+    batch = cfg.rollout.generation_batch_size
+    assert 1 < batch < sequences_per_turn(cfg)
+    assert estimate(layout_of(cfg)).per_gpu_gb <= budget(cfg)
+    assert estimate(layout_of(_generation(cfg, batch + 1))).per_gpu_gb > budget(cfg)
+    assert f"generation_batch_size={batch} (of {sequences_per_turn(cfg)} sequences" in generation_line(cfg, on_gpu=True)
+
+
+def test_a_generation_batch_that_fits_whole_takes_every_sequence_of_a_turn_and_one_set_by_hand_is_kept():
+    from kevin_exp.launch.layout import sequences_per_turn
+
+    cfg, _ = resolved("experiment=kevin_7b", "resources=h200x8")
+    assert cfg.rollout.generation_batch_size == sequences_per_turn(cfg) == 16  # 8 tasks over 8 ranks x 16 trajectories
+    kept, _ = resolved("experiment=kevin_32b", "resources=h200x8", "rollout.generation_batch_size=2")
+    assert kept.rollout.generation_batch_size == 2
+
+
+def test_without_a_gpu_the_generation_batch_is_the_cpu_default():
+    cfg = resolve_layout(compose_train([KB, "experiment=kevin_7b"]), on_gpu=False)[0]
+    assert cfg.rollout.generation_batch_size == 16
+    small = resolve_layout(compose_train([KB, "experiment=kevin_7b", "tasks_per_step=1", "n_trajectories=4",
+                                          "resources.gpus_per_node=1"]), on_gpu=False)[0]
+    assert small.rollout.generation_batch_size == 4

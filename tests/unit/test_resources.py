@@ -34,6 +34,8 @@ def resolved(overrides: list[str]):
 REPO = Path(__file__).resolve().parents[2]
 KB = "tasks.kernelbench_path=/data/KernelBench"  # composition checks the setting; the folder is not read here
 P32 = 32.8e9
+# the KV cache these estimates were worked out with (kevin_32b resolves its batch from the memory left: launch/layout.py)
+GEN4 = "rollout.generation_batch_size=4"
 
 # QwQ-32B's shape (conf/model/32b.yaml)
 QWQ = MemoryLayout(model="32b", params_b=32.8, layers=64, hidden=5120, intermediate=27648, vocab=152064, kv_dim=1024,
@@ -42,20 +44,20 @@ QWQ = MemoryLayout(model="32b", params_b=32.8, layers=64, hidden=5120, intermedi
 
 
 def test_single_process_trainer_counts_weights_gradients_adam_states_and_kv_cache():
-    est = estimate_memory(compose_train(["experiment=kevin_32b", KB, "trainer=torch"]))
+    est = estimate_memory(compose_train(["experiment=kevin_32b", KB, GEN4, "trainer=torch"]))
     assert est.weights_gb == pytest.approx(32.8 * 2)  # bf16
     assert est.gradients_gb == est.weights_gb and est.optimizer_gb == 2 * est.weights_gb
     assert est.reference_gb == 0.0 and est.shards == 1  # no KL term, no frozen copy; nothing sharded
     # 4 sequences x 32768 tokens x 64 layers x (K and V) x 8 heads x 128 dims x 2 bytes
     assert est.kv_cache_gb == pytest.approx(4 * 32768 * 64 * 2 * 8 * 128 * 2 / 1e9)
     assert est.generator_gb == 0.0  # the torch learner trains the generator's own model
-    with_kl = estimate_memory(compose_train(["experiment=kevin_32b", KB, "trainer=torch", "algorithm.kl_coef=0.001"]))
+    with_kl = estimate_memory(compose_train(["experiment=kevin_32b", KB, GEN4, "trainer=torch", "algorithm.kl_coef=0.001"]))
     assert with_kl.reference_gb == est.weights_gb
 
 
 def test_async_steps_add_a_generation_copy_and_generation_beside_training():
-    sync = estimate_memory(compose_train(["experiment=kevin_32b", KB, "trainer=torch"]))
-    ahead = estimate_memory(compose_train(["experiment=kevin_32b", KB, "trainer=torch", "rollout.async_steps=1"]))
+    sync = estimate_memory(compose_train(["experiment=kevin_32b", KB, GEN4, "trainer=torch"]))
+    ahead = estimate_memory(compose_train(["experiment=kevin_32b", KB, GEN4, "trainer=torch", "rollout.async_steps=1"]))
     assert ahead.generator_gb == sync.weights_gb  # the next step samples from its own copy while this one trains
     assert ahead.per_gpu_gb == pytest.approx(sync.per_gpu_gb + sync.weights_gb + min(sync.train_phase_gb,
                                                                                      sync.generate_phase_gb))
@@ -149,21 +151,21 @@ def test_host_memory_counts_every_rank_of_the_node():
 def test_layout_reads_the_model_shape_the_trainer_and_the_world_from_the_config():
     paper = ["trainer.zero_stage=3", "trainer.offload_optimizer=cpu", "trainer.offload_params=none",
              "trainer.micro_batch_tokens=16384"]
-    x = layout_of(compose_train(["experiment=kevin_32b", KB, "resources=h200x16", "tasks_per_step=16", *paper]))
+    x = layout_of(compose_train(["experiment=kevin_32b", KB, GEN4, "resources=h200x16", "tasks_per_step=16", *paper]))
     assert (x.layers, x.hidden, x.intermediate, x.vocab, x.kv_dim) == (64, 5120, 27648, 152064, 1024)
     assert (x.world_size, x.ranks_per_node, x.cpus_per_rank) == (16, 8, 16)
     # the paper's trainer, set by hand: ZeRO-3, optimizer states on the CPU, bf16, checkpointed activations
     assert x.sharded and x.zero_stage == 3 and x.offload_optimizer == "cpu" and x.bf16 and x.activation_checkpointing
     # a 16k + 16k sequence is longer than trainer.micro_batch_tokens: it runs alone; log-probs a chunk at a time
     assert x.micro_batch_tokens == 16384 + 16384 and x.logprob_tokens == 1024
-    torch = layout_of(compose_train(["experiment=kevin_32b", KB, "trainer=torch", "trainer.micro_batch_size=2",
+    torch = layout_of(compose_train(["experiment=kevin_32b", KB, GEN4, "trainer=torch", "trainer.micro_batch_size=2",
                                      "trainer.logprob_chunk_tokens=4096"]))
     assert not torch.sharded and torch.micro_batch_tokens == 2 * 32768 and torch.logprob_tokens == 4096
 
 
 def test_32b_on_one_gpu_stops_with_the_numbers_and_the_fix():
     with pytest.raises(ResourceError) as err:
-        check_resources(compose_train(["experiment=kevin_32b", KB, "trainer=torch"]))
+        check_resources(compose_train(["experiment=kevin_32b", KB, GEN4, "trainer=torch"]))
     text = str(err.value)
     assert "model=32b" in text and "GB per GPU against 72 GB usable" in text
     assert "AdamW states 131.2 GB" in text and "fix:" in text and "resources.gpu_memory_gb" in text
@@ -214,7 +216,7 @@ def test_the_entry_point_refuses_before_any_step_runs(tmp_path):
 
 def test_the_estimate_command_prints_each_term_and_the_fixes():
     proc = subprocess.run([sys.executable, "-m", "kevin_exp.launch.memory_report", "experiment=kevin_32b", "resources=h200x8",
-                           "trainer.offload_optimizer=none"],
+                           "trainer.offload_optimizer=none", GEN4],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout

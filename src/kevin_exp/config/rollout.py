@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
-from kevin_exp.settings_checks import choice, number
+from kevin_exp.settings_checks import auto_or_integer, choice, number
 
 
 @dataclass
@@ -42,8 +42,9 @@ class RolloutConfig:
     top_p: float = number(1.0, gt=0, le=1)
     # strings that end a response (kept in its tokens, cut from its text); EOS always ends one
     stop: list[str] = field(default_factory=list)
-    # backend=hf: sequences per generate() call, at most ...
-    generation_batch_size: int = number(16, ge=1)
+    # backend=hf: sequences per generate() call, at most ... (auto: as many as the KV cache the resource check
+    # leaves on a GPU can hold at the configured lengths, up to a rank's sequences of a turn; 16 without a GPU)
+    generation_batch_size: Any = auto_or_integer(16, ge=1)
     # ... and padded tokens (rows x (longest prompt + max_new_tokens)) per call, prompts grouped by length
     # (0: no token limit)
     generation_batch_tokens: int = number(0, ge=0)

@@ -12,12 +12,13 @@ from omegaconf import DictConfig
 
 from kevin_exp.config import TrainConfig, to_typed
 from kevin_exp.errors import LaunchError
-from kevin_exp.launch.layout import layout_line, resolve_layout
+from kevin_exp.launch.layout import generation_line, layout_line, resolve_layout
 from kevin_exp.launch.preflight import check_run_inputs, launched_by_cluster
 from kevin_exp.launch.ranks import as_launched, launched_ranks, rank_env_from_slurm
 from kevin_exp.launch.resources import uses_gpu
 from kevin_exp.launch.threads import apply_thread_limits
 from kevin_exp.launch.world import context_from_env
+from kevin_exp.settings_checks import AUTO
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,12 @@ def job_settings(cfg: DictConfig, entry: str) -> JobSettings:
     typed = dataclasses.replace(typed, run_dir=str(Path(run_dir).resolve()))
     if launched_ranks():
         typed = as_launched(typed, ctx)
-    typed, layout_reason = resolve_layout(typed, on_gpu=uses_gpu(typed))
+    generation_auto, on_gpu = typed.rollout.generation_batch_size == AUTO, uses_gpu(typed)
+    typed, layout_reason = resolve_layout(typed, on_gpu=on_gpu)
     if layout_reason and ctx.is_main:
         print(layout_line(typed, layout_reason), flush=True)
+    if generation_auto and ctx.is_main:
+        print(generation_line(typed, on_gpu), flush=True)
     if entry != "train" and (ctx.distributed or typed.resources.world_size > 1):
         raise LaunchError(f"python -m kevin_exp.{entry} runs in one process, but resources ask for "
                           f"{typed.resources.world_size} ranks: resources.ranks_per_node=1 resources.nodes=1")

@@ -27,6 +27,8 @@ STATES = ((2, "none", "none"), (3, "none", "none"), (3, "cpu", "none"), (3, "cpu
 # without a GPU the states live in host memory whatever the offload: ZeRO-3 keeps each rank's share smallest
 CPU_STATES = (3, "none", "none")
 CPU_MICRO_BATCH_TOKENS = 16384
+# rollout.generation_batch_size=auto without a GPU
+CPU_GENERATION_BATCH = 16
 # micro-batch budgets are searched in steps of this many tokens
 TOKEN_STEP = 1024
 
@@ -106,8 +108,58 @@ def _gpu_layout(cfg: TrainConfig) -> tuple[dict[str, Any], str]:
 
 
 def resolve_layout(cfg: TrainConfig, on_gpu: bool) -> tuple[TrainConfig, str | None]:
-    """``cfg`` with every ``auto`` layout setting resolved, and the reason (None when nothing was ``auto``, or the
-    trainer does not shard). ``on_gpu``: whether the run trains on GPUs (else the layout of host memory)."""
+    """``cfg`` with every ``auto`` layout setting resolved (the trainer's, then ``rollout.generation_batch_size``
+    around it), and the trainer layout's reason (None when nothing of it was ``auto``, or the trainer does not
+    shard). ``on_gpu``: whether the run trains on GPUs (else the layout of host memory)."""
+    generation_auto = cfg.rollout.generation_batch_size == AUTO
+    if generation_auto:  # the trainer's layout is chosen with the smallest generation batch, which then fills up
+        cfg = _with_generation(cfg, 1)
+    cfg, reason = _resolve_trainer(cfg, on_gpu)
+    if generation_auto:
+        cfg = _with_generation(cfg, generation_batch(cfg, on_gpu))
+    return cfg, reason
+
+
+def _with_generation(cfg: TrainConfig, batch: int) -> TrainConfig:
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, generation_batch_size=batch))
+
+
+def sequences_per_turn(cfg: TrainConfig) -> int:
+    """The sequences one rank generates in one turn (its tasks' trajectories): a larger batch holds nothing more."""
+    return max(1, math.ceil(cfg.tasks_per_step / max(1, cfg.resources.world_size))) * cfg.n_trajectories
+
+
+def generation_batch(cfg: TrainConfig, on_gpu: bool) -> int:
+    """The most sequences per generate() call whose KV cache fits the usable memory of one GPU beside the rest of
+    the run's estimate (phases that run at once add up), up to a rank's sequences of a turn; at least 1 (the
+    resource check then says what does not fit). Without a GPU: ``CPU_GENERATION_BATCH``."""
+    most = sequences_per_turn(cfg)
+    if not on_gpu:
+        return min(CPU_GENERATION_BATCH, most)
+    budget = cfg.resources.gpu_memory_gb * cfg.resources.max_memory_fraction
+    fits = lambda n: _per_gpu_gb(_with_generation(cfg, n)) <= budget  # noqa: E731
+    if fits(most):
+        return most
+    lo, hi, best = 2, most - 1, 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def generation_line(cfg: TrainConfig, on_gpu: bool) -> str:
+    """The resolved ``rollout.generation_batch_size=auto``, and why."""
+    batch, most = cfg.rollout.generation_batch_size, sequences_per_turn(cfg)
+    if not on_gpu:
+        return f"generation: generation_batch_size={batch} (no GPU: {CPU_GENERATION_BATCH} at most, of {most} a turn)"
+    return (f"generation: generation_batch_size={batch} (of {most} sequences a rank generates in a turn; their KV "
+            f"cache at {_sequence_tokens(cfg)} tokens, about {estimate(layout_of(cfg)).kv_cache_gb:.1f} GB per GPU)")
+
+
+def _resolve_trainer(cfg: TrainConfig, on_gpu: bool) -> tuple[TrainConfig, str | None]:
     if cfg.trainer.backend not in SHARDING_TRAINERS or not cfg.trainer.unresolved_layout():
         return cfg, None
     if on_gpu:

@@ -15,9 +15,10 @@ from kevin_exp.config import TrainConfig, TrainerConfig, register_configs, to_ty
 from kevin_exp.config.resolvers import register_resolvers
 from kevin_exp.config.trainer import LAYOUT_FIELDS
 from kevin_exp.errors import user_errors
-from kevin_exp.launch.layout import layout_line, resolve_layout
+from kevin_exp.launch.layout import generation_line, layout_line, resolve_layout
 from kevin_exp.launch.preflight import Composer
 from kevin_exp.launch.resources import MemoryLayout, estimate, fixes_for, layout_of, report_lines
+from kevin_exp.settings_checks import AUTO
 
 # the sharding trainer's settings: read from the config where it has them, else given to the layout directly
 LAYOUT_KEYS = {"trainer.backend": "backend", "trainer.zero_stage": "zero_stage",
@@ -51,9 +52,12 @@ def layout_for(overrides: list[str]) -> tuple[MemoryLayout, TrainConfig]:
     cfg = Composer("train").compose([*composed, "run_dir=unused"])
     typed = to_typed(cfg)
     if not any(key in direct for key in LAYOUT_FIELDS):
+        generation_auto = typed.rollout.generation_batch_size == AUTO
         typed, reason = resolve_layout(typed, on_gpu=True)
         if reason:
             print(layout_line(typed, reason))
+        if generation_auto:
+            print(generation_line(typed, on_gpu=True))
     x = layout_of(typed)
     if "logprob_tokens" in direct:
         direct["logprob_tokens"] = min(int(direct["logprob_tokens"]), x.logprob_tokens)

@@ -144,6 +144,8 @@ def layout_of(cfg: TrainConfig) -> MemoryLayout:
     auto = cfg.trainer.unresolved_layout()
     if auto and cfg.trainer.backend in SHARDING_TRAINERS:
         raise ResourceError(f"trainer.{auto[0]}=auto has no estimate until it is resolved (launch/layout.py)")
+    if not isinstance(ro.generation_batch_size, int):
+        raise ResourceError("rollout.generation_batch_size=auto has no estimate until it is resolved (launch/layout.py)")
     if m.dtype not in BYTES:
         raise ResourceError(f"model.dtype={m.dtype!r}: expected one of {', '.join(BYTES)}")
     sequence = ro.max_prompt_tokens + ro.max_new_tokens
