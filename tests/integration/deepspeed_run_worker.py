@@ -4,6 +4,7 @@ usage: python deepspeed_run_worker.py RUN_DIR OVERRIDE...   (RANK, WORLD_SIZE, M
 """
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from tests.helpers import compose_train
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.INFO)  # what the run says as it goes (python -m kevin_exp.train logs the same)
     run_dir, overrides = Path(sys.argv[1]), sys.argv[2:]
     run = TrainingRun(compose_train(overrides, run_dir))
     run.setup()

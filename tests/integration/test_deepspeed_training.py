@@ -81,7 +81,9 @@ def test_a_killed_two_rank_run_resumes_exactly(straight, tmp_path):
     assert len(tasks) == STEPS * 2
 
 
-def test_a_two_rank_run_continues_as_one_rank(straight, tmp_path):
+def test_a_two_rank_run_continues_as_one_rank_and_then_as_two(straight, tmp_path):
+    """2 ranks -> 1 -> 2: each change of the rank count converts the newest checkpoint to DeepSpeed's universal
+    form once (kept beside it) and resumes from it; the rows of the steps before stay as they were."""
     run_dir = tmp_path / "run"
     shutil.copytree(straight, run_dir)
     run_ranks("deepspeed_run_worker.py", [str(run_dir), *RUN, f"steps={STEPS + 1}", "trainer.keep_checkpoints=2"], 1,
@@ -91,6 +93,15 @@ def test_a_two_rank_run_continues_as_one_rank(straight, tmp_path):
     assert [m["world_size"] for m in metrics] == [2] * STEPS + [1]
     assert _comparable(metrics[:STEPS]) == _comparable(read_jsonl(straight / "metrics.jsonl"))
     assert (run_dir / "checkpoints" / f"step_{STEPS:06d}" / "universal").is_dir()
+    said = (tmp_path / "logs" / "rank0.log").read_text()
+    assert "to DeepSpeed's universal form" in said and "Extracting ZeRO fragments" in said and "made in" in said
+
+    run_ranks("deepspeed_run_worker.py", [str(run_dir), *RUN, f"steps={STEPS + 2}", "trainer.keep_checkpoints=2"], 2,
+              tmp_path / "logs_two")
+    again = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["world_size"] for m in again] == [2] * STEPS + [1, 2]
+    assert again[:STEPS + 1] == metrics
+    assert (run_dir / "checkpoints" / f"step_{STEPS + 1:06d}" / "universal").is_dir()
     # the new checkpoint is one rank's, and its consolidated weights load as any policy checkpoint
     last = find_checkpoint(run_dir)
     assert json.loads((last / "state.json").read_text())["world_size"] == 1
