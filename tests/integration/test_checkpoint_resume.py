@@ -10,8 +10,15 @@ import torch
 import transformers
 
 from kevin_exp.errors import UserError
-from kevin_exp.trainer.checkpoint import (POLICY_FILE, TRAINER_FILE, Checkpointer, checkpoint_step, find_checkpoint,
-                                          has_full_state, load_policy_weights)
+from kevin_exp.trainer.checkpoint import (
+    POLICY_FILE,
+    TRAINER_FILE,
+    Checkpointer,
+    checkpoint_step,
+    find_checkpoint,
+    has_full_state,
+    load_policy_weights,
+)
 
 VOCAB = 96
 

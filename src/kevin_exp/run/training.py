@@ -38,8 +38,8 @@ from kevin_exp.launch.resources import uses_gpu
 from kevin_exp.launch.world import context_from_env
 from kevin_exp.models.loading import Policy
 from kevin_exp.records.progress import Progress
-from kevin_exp.records.run_records import json_safe
 from kevin_exp.records.rows import metrics_row, scale_columns, training_settings, turn_row
+from kevin_exp.records.run_records import json_safe
 from kevin_exp.records.transcripts import transcript_rows
 from kevin_exp.rollout.generators import build_generator
 from kevin_exp.rollout.loop import RolloutTimes, TurnSample, run_rollout
