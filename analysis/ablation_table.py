@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         check_output_file(args.out)
     analysis = analysis_from_args(args)
     notes = list(analysis.notes)
-    tables = [variant_table(analysis.variants, analysis.selection, analysis.bootstrap)]
+    tables = [variant_table(analysis.variants, analysis.selection, analysis.bootstrap, analysis.steps_text)]
     if args.budget is not None:
         budget = budget_table(analysis.variants, analysis.selection, args.budget)
         if budget.rows:

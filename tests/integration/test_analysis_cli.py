@@ -12,7 +12,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.unit.test_analysis_metrics import write_eval_sweep, write_hand_sweep
+from tests.unit.test_analysis_metrics import (
+    HAND_METRICS,
+    HAND_TRAIN,
+    hand_config,
+    turn_rows,
+    write_eval_sweep,
+    write_hand_sweep,
+    write_run,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,6 +109,32 @@ def test_latex_and_training_split(sweep):
     assert "note: no train rows in run_B, run_C: left out" in result.stderr
     assert ("| 2x1 | 100.0% [100.0, 100.0] | 50.0% [50.0, 50.0] | 1.00x [1.00, 1.00] | 0.50x [0.50, 0.50] | "
             "100.0% [100.0, 100.0] | 50.0% [50.0, 50.0] | 0.0% [0.0, 0.0] | 0.0% [0.0, 0.0] | 1 | 1 |") in result.stdout
+
+
+def test_a_half_written_run_is_named_and_its_unfinished_step_left_out(sweep):
+    """Run D trained as run A did (same variant, seed 2) but stopped inside step 2: its turn rows of step 2 are
+    there, its metrics row is not, and the kill cut turns.jsonl's last line. Its step 2 must not stand beside
+    run A's finished step 2, and the table must say which step of each run it used."""
+    train = [r for step, t in HAND_TRAIN.items() for r in turn_rows("train", step, "T1", t)]
+    (sweep / "run_A" / "config.json").write_text(json.dumps({**hand_config("A", sweep / "run_A"), "steps": 2}))
+    run_d = write_run(sweep / "run_D", {**hand_config("A", sweep / "run_D"), "seed": 2, "steps": 2}, train,
+                      HAND_METRICS[:1])
+    with (run_d / "turns.jsonl").open("a") as f:
+        f.write('{"run_id": "run_D", "split": "tra')
+    result = run_script("ablation_table.py", str(sweep), "--split", "train", "--no-turns")
+    assert result.returncode == 0, result.stderr
+    assert "note: run_D: turns.jsonl has 1 unreadable line at its end (a write cut short)" in result.stderr
+    assert "note: run_D: unfinished, 1 of 2 training steps" in result.stderr
+    assert "note: run_D: step 2 unfinished (turn rows without the step's metrics row" in result.stderr
+    assert "steps last (run_A: 2; run_D: 1)" in result.stdout
+    # step 1 of run D: nothing correct; pooled with run A's step 2 (one 1.0x kernel of two), seeds 0 and 2
+    assert "| 2x1 | 50.0% [" in result.stdout and "| 1 | 2 |" in result.stdout
+
+    kept = run_script("ablation_table.py", str(sweep), "--split", "train", "--no-turns", "--include-partial")
+    assert kept.returncode == 0, kept.stderr
+    assert "note: run_D: step 2 unfinished: included (--include-partial)" in kept.stderr
+    assert "steps last (step 2 of every run)" in kept.stdout
+    assert "| 2x1 | 100.0% [100.0, 100.0] |" in kept.stdout  # both runs' step 2 hold the 1.0x kernel
 
 
 def user_error(result: subprocess.CompletedProcess[str]) -> str:

@@ -10,7 +10,18 @@ from typing import Callable, NoReturn
 
 from kevin_exp.analysis.bootstrap import BootstrapSettings
 from kevin_exp.analysis.loading import DEFAULT_LEDGER, Run, load_runs
-from kevin_exp.analysis.selection import SPLITS, StepWindow, choose_split, runs_of_split, steps_present
+from kevin_exp.analysis.selection import (
+    SPLITS,
+    StepWindow,
+    choose_split,
+    completeness_notes,
+    leave_out_partial_steps,
+    runs_of_split,
+    steps_present,
+    steps_text,
+    steps_used,
+    steps_used_text,
+)
 from kevin_exp.analysis.tables import Selection
 from kevin_exp.analysis.variants import SEED_KEY, Variant, group_variants, varying_keys
 from kevin_exp.errors import UserError
@@ -31,6 +42,9 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
                              "training step is 1); default last")
     parser.add_argument("--turns", type=int, help="score over turns 1..N only (default: every turn present)")
     parser.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER, help="sweep ledger (default %(default)s)")
+    parser.add_argument("--include-partial", action="store_true",
+                        help="keep training steps a run stopped inside (turn rows without the step's metrics row); "
+                             "by default they are left out and named in a note")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default %(default)s)")
 
 
@@ -43,14 +57,16 @@ class Analysis:
     selection: Selection
     bootstrap: BootstrapSettings
     notes: list[str]
+    steps_used: dict[str, list[int]]
+    """The steps each run contributes to the window."""
+
+    @property
+    def steps_text(self) -> str:
+        return steps_used_text(self.steps_used)
 
     @property
     def shown_keys(self) -> list[str]:
         return [k for k in self.keys if k != SEED_KEY]
-
-
-def _steps_text(steps: list[int]) -> str:
-    return ", ".join(map(str, steps)) if len(steps) <= 8 else f"{steps[0]}..{steps[-1]}"
 
 
 def analysis_from_args(args: argparse.Namespace) -> Analysis:
@@ -70,18 +86,22 @@ def analysis_from_args(args: argparse.Namespace) -> Analysis:
         empty = all(r.rows.empty for r in runs)
         detail = "their turns.jsonl files hold no rows" if empty else "no row is of either split"
         raise UserError(f"no train or eval rows in any of {named}: {detail}")
+    notes += [note for run in used for note in completeness_notes(run)]
+    used, partial = leave_out_partial_steps(used, split, args.include_partial)
+    notes += partial
     keys = varying_keys(used)
     variants = group_variants(used, keys)
     selection = Selection(split, window, args.turns)
     selected = [selection.rows(v) for v in variants]
     if all(rows.empty for rows in selected):
         raise UserError(f"--steps {args.steps}: no {split} rows in that window; the runs hold {split} rows of "
-                        f"steps {_steps_text(steps_present(used, split))}")
+                        f"steps {steps_text(steps_present(used, split))}")
     most_turns = max(int(rows["turn"].max()) for rows in selected if not rows.empty)
     if args.turns is not None and args.turns > most_turns:
         notes.append(f"--turns {args.turns}: the {split} rows hold at most {most_turns} turns; scored over those")
     return Analysis(runs=used, keys=keys, variants=variants, selection=selection,
-                    bootstrap=BootstrapSettings(n_resamples=args.resamples), notes=notes)
+                    bootstrap=BootstrapSettings(n_resamples=args.resamples), notes=notes,
+                    steps_used=steps_used(used, split, window))
 
 
 def _check_creatable(directory: Path, flag: str, named: Path) -> None:

@@ -3,7 +3,7 @@ each run's flattened config and its ``turns.jsonl`` / ``metrics.jsonl`` rows."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -34,6 +34,11 @@ class Run:
     """``turns.jsonl``: one row per (step, task, trajectory, turn)."""
     metrics: pd.DataFrame
     """``metrics.jsonl``: one row per training step (empty when the file is missing)."""
+    metrics_file: bool = False
+    """Whether the run wrote ``metrics.jsonl`` (a run opens it when it starts, so a run that finished no step
+    has it, empty)."""
+    unreadable: dict[str, int] = field(default_factory=dict)
+    """Lines of each file not read: the first cut line (a write cut short by a kill) and every line after it."""
 
     @property
     def seed(self) -> Any:
@@ -42,6 +47,21 @@ class Run:
     @property
     def name(self) -> str:
         return self.run_dir.name
+
+    @property
+    def planned_steps(self) -> int | None:
+        steps = self.config.get("steps")
+        return int(steps) if isinstance(steps, (int, float)) and not isinstance(steps, bool) else None
+
+    def finished_train_steps(self) -> set[int] | None:
+        """The training steps whose metrics row was appended (a step's last record, after its turn rows and its
+        checkpoint); None when the run has no metrics.jsonl to tell (records written by hand), so its steps are
+        taken as finished."""
+        if not self.metrics_file:
+            return None
+        if self.metrics.empty or "step" not in self.metrics:
+            return set()
+        return {int(s) for s in self.metrics["step"].dropna()}
 
 
 def flatten_config(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -67,15 +87,26 @@ def constant_columns(rows: pd.DataFrame, columns: Iterable[str] = CONFIG_COLUMNS
     return config
 
 
+def _read_rows(path: Path, unreadable: dict[str, int]) -> pd.DataFrame:
+    rows = read_jsonl(path)
+    if path.is_file():
+        lines = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        if lines > len(rows):
+            unreadable[path.name] = lines - len(rows)
+    return pd.DataFrame(rows)
+
+
 def load_run(run_dir: Path) -> Run:
-    rows = pd.DataFrame(read_jsonl(run_dir / "turns.jsonl"))
-    metrics = pd.DataFrame(read_jsonl(run_dir / "metrics.jsonl"))
+    unreadable: dict[str, int] = {}
+    rows = _read_rows(run_dir / "turns.jsonl", unreadable)
+    metrics = _read_rows(run_dir / "metrics.jsonl", unreadable)
     config_path = run_dir / "config.json"
     if config_path.is_file():
         config = flatten_config(json.loads(config_path.read_text()))
     else:
         config = constant_columns(rows)
-    return Run(run_dir=run_dir, config=config, rows=rows, metrics=metrics)
+    return Run(run_dir=run_dir, config=config, rows=rows, metrics=metrics,
+               metrics_file=(run_dir / "metrics.jsonl").is_file(), unreadable=unreadable)
 
 
 def _runs_under(directory: Path) -> list[Path]:

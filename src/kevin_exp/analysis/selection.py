@@ -89,6 +89,63 @@ def runs_of_split(runs: Sequence[Run], split: str) -> list[Run]:
     return used
 
 
+def steps_text(steps: Sequence[int]) -> str:
+    steps = sorted(steps)
+    return ", ".join(map(str, steps)) if len(steps) <= 8 else f"{steps[0]}..{steps[-1]}"
+
+
+def completeness_notes(run: Run) -> list[str]:
+    """What a run's records lack: lines a kill cut (not read), and steps short of the planned ones."""
+    notes = [f"{run.name}: {file} has {n} unreadable line{'s' if n > 1 else ''} at its end (a write cut short); "
+             "the rows before them are used" for file, n in run.unreadable.items()]
+    finished = run.finished_train_steps()
+    planned = run.planned_steps
+    trained = not _split_rows(run, "train").empty
+    if trained and finished is not None and planned is not None and max(finished, default=0) < planned:
+        notes.append(f"{run.name}: unfinished, {max(finished, default=0)} of {planned} training steps")
+    return notes
+
+
+def leave_out_partial_steps(runs: Sequence[Run], split: str, keep: bool = False) -> tuple[list[Run], list[str]]:
+    """Each run with the training steps it did not finish (turn rows without the step's metrics row: the run
+    stopped inside the step) left out of ``split``'s rows, unless ``keep``; and a note naming them."""
+    if split != "train":
+        return list(runs), []
+    kept, notes = [], []
+    for run in runs:
+        finished = run.finished_train_steps()
+        train = _split_rows(run, "train")
+        partial = sorted({int(s) for s in train.get("step", [])} - finished) if finished is not None else []
+        if partial and not keep:
+            drop = (run.rows["split"] == "train") & run.rows["step"].isin(partial)
+            run = replace(run, rows=run.rows[~drop])
+            notes.append(f"{run.name}: step {steps_text(partial)} unfinished (turn rows without the step's metrics "
+                         "row: the run stopped inside it): left out (--include-partial keeps it)")
+        elif partial:
+            notes.append(f"{run.name}: step {steps_text(partial)} unfinished: included (--include-partial)")
+        kept.append(run)
+    return kept, notes
+
+
+def steps_used(runs: Sequence[Run], split: str, window: StepWindow) -> dict[str, list[int]]:
+    """The steps of ``split`` each run contributes to ``window``."""
+    used = {}
+    for run in runs:
+        rows = _split_rows(run, split)
+        if not rows.empty:
+            used[run.name] = sorted({int(s) for s in rows["step"][window.mask(rows["step"])]})
+    return used
+
+
+def steps_used_text(used: dict[str, list[int]]) -> str:
+    """``step 8`` when every run contributes the same steps, else each run's."""
+    distinct = {tuple(steps) for steps in used.values()}
+    if len(distinct) == 1:
+        [steps] = distinct
+        return f"step{'s' if len(steps) > 1 else ''} {steps_text(steps)} of every run"
+    return "; ".join(f"{name}: {steps_text(steps) or 'none'}" for name, steps in used.items())
+
+
 def steps_present(runs: Sequence[Run], split: str) -> list[int]:
     return sorted({int(s) for run in runs for s in _split_rows(run, split).get("step", [])})
 

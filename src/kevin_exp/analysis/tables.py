@@ -68,7 +68,8 @@ STATS = ("best", "avg")
 
 
 def variant_table(variants: Sequence[Variant], selection: Selection,
-                  settings: BootstrapSettings = BootstrapSettings()) -> Table:
+                  settings: BootstrapSettings = BootstrapSettings(), steps_used: str = "") -> Table:
+    """``steps_used`` says which steps of each run the window took (``Analysis.steps_text``)."""
     keys = list(variants[0].values) if variants else []
     metric_columns = [f"{m.name} {stat}@k" for m in TABLE_METRICS for stat in STATS]
     table = Table(title="", columns=[*keys, "k x n", *metric_columns, "tasks", "seeds"], rows=[],
@@ -90,6 +91,7 @@ def variant_table(variants: Sequence[Variant], selection: Selection,
                 cells.append(Cell(estimate.value, estimate.lo, estimate.hi, metric.kind))
         table.rows.append([*variant.values.values(), shape, *cells, rows["task_id"].nunique(), rows["seed"].nunique()])
     level = f"{settings.level:.0%}"
-    table.title = (f"Variants: {selection.split} split, steps {selection.window}, k trajectories x n turns "
+    window = f"{selection.window} ({steps_used})" if steps_used else str(selection.window)
+    table.title = (f"Variants: {selection.split} split, steps {window}, k trajectories x n turns "
                    f"{'/'.join(sorted(shapes)) or '-'}; mean over tasks then seeds, [{level} bootstrap CI]")
     return table
