@@ -21,44 +21,14 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
 from kevin_exp.analysis.cli import (  # noqa: E402
-    Analysis,
     ArgumentParser,
     add_selection_arguments,
     analysis_from_args,
     check_output_dir,
-    write_output,
 )
-from kevin_exp.analysis.curves import turn_curves  # noqa: E402
-from kevin_exp.analysis.figures import scaling_figure, training_figure  # noqa: E402
-from kevin_exp.analysis.loading import Run  # noqa: E402
-from kevin_exp.analysis.training import training_curves  # noqa: E402
+from kevin_exp.analysis.figure_files import write_figures  # noqa: E402
 from kevin_exp.errors import exits_on_user_error  # noqa: E402
-
-
-def run_labels(analysis: Analysis) -> tuple[list[Run], list[str], list[str]]:
-    """Each run, its label in the CSV (its variant and seed) and its variant's label."""
-    runs, labels, variants = [], [], []
-    for variant in analysis.variants:
-        for run in variant.runs:
-            runs.append(run)
-            labels.append(f"{variant.label}, seed={run.seed}" if variant.values else f"seed={run.seed}")
-            variants.append(variant.label)
-    if len(runs) == 1:
-        labels = [runs[0].name]
-    elif len(set(labels)) < len(labels):
-        labels = [f"{label} ({run.name})" for label, run in zip(labels, runs)]
-    return runs, labels, variants
-
-
-def write_figure(out: Path, name: str, data: pd.DataFrame, fig: Figure) -> list[Path]:
-    csv, png = out / f"{name}.csv", out / f"{name}.png"
-    write_output(csv, lambda path: data.to_csv(path, index=False))
-    write_output(png, lambda path: fig.savefig(path, dpi=110))
-    return [png, csv]
 
 
 @exits_on_user_error
@@ -71,14 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     analysis = analysis_from_args(args)
     for note in analysis.notes:
         print(f"note: {note}", file=sys.stderr)
-    written = []
-    scaling = turn_curves(analysis.variants, analysis.selection, analysis.bootstrap)
-    if not scaling.empty:
-        written += write_figure(args.out, "test_time_scaling", scaling, scaling_figure(scaling))
-    training = training_curves(*run_labels(analysis))
-    if not training.empty:
-        written += write_figure(args.out, "training_curves", training, training_figure(training))
-    for path in written:
+    for path in write_figures(analysis, args.out):
         print(path)
     return 0
 

@@ -106,7 +106,7 @@ def test_a_pipelined_step_records_what_a_barrier_step_records(tmp_path):
     kernels' times, and so scores, returns, advantages, the verdict's reason and the next prompt's length, which
     quote them; and on a busy machine a timing check may flag a correct kernel as suspect)."""
     measured = {"speedup", "runtime_ms", "ref_runtime_ms", "score", "return", "advantage", "run_id", "reason",
-                "prompt_tokens", "status", "correct", "suspect", "excessive_speedup"}
+                "prompt_tokens", "status", "correct", "suspect", "rule", "excessive_speedup"}
     statuses = {}
     rows = {}
     for schedule in ("barrier", "pipeline"):

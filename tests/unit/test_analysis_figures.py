@@ -107,7 +107,7 @@ def test_training_figure_overlays_variants_from_step_1(tmp_path):
     assert loss.get_ylim()[0] < -0.1  # -0.2 at step 3
     for title in ("reward (mean; max dotted)",
                   "correct per turn (lighter: earlier turns); dashed: best turn faster than PyTorch", "not-okay ratio",
-                  "grad norm", "time per step (s)"):
+                  "grad norm", "time per step (s): generate solid, evaluate dashed, train dotted"):
         assert fig.axes[titles.index(title)].get_ylim()[0] == 0, title
     # both variants' rewards drawn in the reward axes, each in its variant's colour
     reward = fig.axes[titles.index("reward (mean; max dotted)")]

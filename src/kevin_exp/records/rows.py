@@ -42,7 +42,7 @@ def turn_row(run_id: str, split: str, step: int, s: TurnSample, settings: Mappin
         "score": r.score, "return": s.ret, "advantage": s.advantage, "response_tokens": len(s.response_ids),
         "prompt_tokens": len(s.prompt_ids), "dropped_attempts": s.dropped_attempts, "truncated": s.truncated,
         "not_okay": is_not_okay(s.text, usual_opening), "excessive_speedup": r.excessive_speedup,
-        "suspect": r.suspect, "reason": r.reason[:300], "device": r.device, "backend": backend, **settings,
+        "suspect": r.suspect, "rule": r.rule, "reason": r.reason[:300], "device": r.device, "backend": backend, **settings,
     }
 
 

@@ -143,7 +143,8 @@ class RunRecords:
         meta_path = self.run_dir / "meta.json"
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"starts": []}
         meta.update(git=git_state(), versions=versions(), host=socket.gethostname(), python=sys.version.split()[0],
-                    platform=platform.platform(), run_id=run_id_for(self.run_dir))
+                    platform=platform.platform(), cpus=len(os.sched_getaffinity(0)), gpus=gpu_names(),
+                    run_id=run_id_for(self.run_dir))
         # one entry per start: a requeued SLURM job shows the same job id with a higher restart count
         meta["starts"].append({"time": time.time(), "start_step": start_step, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                                "slurm_array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
@@ -161,6 +162,17 @@ def git_state() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         return {"commit": "unknown", "dirty": None}
     return {"commit": commit or "unknown", "dirty": dirty}
+
+
+def gpu_names() -> list[str]:
+    """The host's GPUs as ``nvidia-smi`` names them (none where it is absent). Asked of nvidia-smi, not torch:
+    the run's process must not create a CUDA context before it forks its workers."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
 
 
 def versions() -> dict[str, str]:

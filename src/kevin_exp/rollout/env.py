@@ -33,6 +33,8 @@ class TurnResult:
     excessive_speedup: bool = False
     # the evaluator did not believe the timing (re-timed elsewhere, or inconsistent with its outside clock)
     suspect: bool = False
+    # the rule behind a forbidden or suspect verdict (``recheck_disagrees``, ``hidden_time``, a static rule, ...)
+    rule: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ class KernelEnv:
         attempt = Attempt(p.code, p.summary, v.status.value, v.feedback, counted_speedup(v.correct, v.speedup))
         return TurnResult(status=v.status.value, correct=v.correct, score=score, attempt=attempt, speedup=v.speedup,
                           runtime_ms=v.runtime_ms, ref_runtime_ms=v.ref_runtime_ms, reason=v.reason, device=v.device,
-                          excessive_speedup=v.excessive_speedup, suspect=v.status.value == "suspect")
+                          excessive_speedup=v.excessive_speedup, suspect=v.status.value == "suspect", rule=v.rule)
 
     def close(self) -> None:
         self.evaluator.close()
