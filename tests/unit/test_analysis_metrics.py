@@ -46,6 +46,7 @@ from kevin_exp.analysis import (
     BudgetCell,
     Cell,
     NoRunsFound,
+    Run,
     Selection,
     StepWindow,
     Table,
@@ -221,6 +222,18 @@ def test_varying_keys_ignores_launch_settings_and_aliases(hand_runs):
     # run_dir, logger.group and resources.gpus_per_node differ but never change science; algorithm.gamma and
     # algorithm.normalization are the same knobs as gamma and normalization
     assert varying_keys(hand_runs) == ["gamma", "normalization", "seed"]
+
+
+def test_a_models_shape_keys_fold_into_its_name():
+    """Runs of two models differ in every shape key of the model group too; the table shows the model's name
+    only. A key of the group that the name does not decide (a learning rate swept beside it) stays."""
+    def run(name: str, hidden: int, layers: int, gamma: float, lr: float) -> Run:
+        config = {"gamma": gamma, "seed": 0, "model.name": name, "model.hidden_size": hidden,
+                  "model.num_layers": layers, "model.lr_hint": lr}
+        return Run(Path(f"/runs/{name}-{gamma}-{lr}"), config, pd.DataFrame(), pd.DataFrame())
+
+    runs = [run("qwen7b", 3584, 28, 0.4, 1e-6), run("qwen14b", 5120, 48, 0.4, 1e-6), run("qwen7b", 3584, 28, 1.0, 2e-6)]
+    assert varying_keys(runs) == ["gamma", "model.name", "model.lr_hint"]
 
 
 def test_two_keys_at_once_give_one_row_per_combination_and_seeds_pool(hand_runs):

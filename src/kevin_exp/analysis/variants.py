@@ -45,7 +45,16 @@ def varying_keys(runs: Sequence[Run]) -> list[str]:
         if not any(_leaf(other) == _leaf(key) and column[other] == column[key] for other in kept):
             kept.append(key)
     others = [k for k in varying if k in kept and k not in IMPLIED_KEYS]
-    return [k for k in varying if k in kept and (k not in IMPLIED_KEYS or not _implied(column[k], others, column))]
+    kept = [k for k in varying if k in kept and (k not in IMPLIED_KEYS or not _implied(column[k], others, column))]
+    return [k for k in kept if not _named_by_its_group(k, kept, column)]
+
+
+def _named_by_its_group(key: str, kept: Sequence[str], column: dict[str, tuple[str, ...]]) -> bool:
+    """Whether ``key`` (``model.hidden_size``) follows from its group's ``name`` (``model.name``), which is kept:
+    a model's shape keys would otherwise make a table of runs that differ in model 20 columns wide."""
+    group = key.rpartition(".")[0]
+    name = f"{group}.name"
+    return bool(group) and key != name and name in kept and _implied(column[key], [name], column)
 
 
 def _implied(values: tuple[str, ...], others: Sequence[str], column: dict[str, tuple[str, ...]]) -> bool:
