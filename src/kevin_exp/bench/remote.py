@@ -15,6 +15,7 @@ shared folder: docs/remote-evaluation.md.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import threading
 from dataclasses import dataclass
@@ -56,12 +57,13 @@ class RemoteEvaluator:
         self.cluster = SLURMCluster(
             cores=remote.cores, processes=1, memory=f"{remote.memory_gb:g}GB", queue=remote.partition,
             account=remote.account, walltime=f"{hours:02d}:{minutes:02d}:00", job_extra_directives=extra,
-            log_directory=str(log_dir), interface=remote.interface, python=sys.executable,
+            log_directory=str(log_dir), interface=remote.interface,
+            python=shlex.quote(sys.executable),  # a line of the job's shell script, as the prologue below
             job_name="kx-evaluator",
             # the worker's thread count is the candidates it holds at once, each waiting for its verdict
             worker_extra_args=["--nthreads", str(remote.in_flight)],
             # the workers' environment: this checkout's code, no CUDA device hidden by the trainer's launcher
-            job_script_prologue=[f"export PYTHONPATH={_pythonpath()}"],
+            job_script_prologue=[f"export PYTHONPATH={shlex.quote(_pythonpath())}"],
             scheduler_options={"dashboard_address": None},
         )
         # a job that ends is replaced: never fewer than `workers` jobs while the run lasts

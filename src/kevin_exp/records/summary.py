@@ -85,6 +85,20 @@ def improvement_line(metrics: list[dict]) -> str:
             f"{first['step']}) -> {reward:.3f} ({steps}), correct {first['correct_ratio']:.0%} -> {correct:.0%}{noise}")
 
 
+def infra_line(turns: list[dict]) -> str | None:
+    """One line when most verdicts are ``infra_error``: the evaluator could not build the kernels for reasons of
+    its machine (its toolchain, torch's install, a path), so the run's reward says nothing about the model."""
+    infra = [r for r in turns if r.get("status") == "infra_error"]
+    if 2 * len(infra) <= len(turns):
+        return None
+    reason = Counter(r.get("reason") or "none recorded" for r in infra).most_common(1)[0][0]
+    backend = turns[-1].get("backend") or "cpu"
+    return (f"note: {len(infra)} of {len(turns)} kernels ({len(infra) / len(turns):.0%}) ended as infra_error, the "
+            f"machine's failure and not the model's: most likely the toolchain or build environment (compiler, torch "
+            f"install, paths); most common reason: {reason[:200]}; check it: python -m kevin_exp.bench --builtin "
+            f"--backend {backend}")
+
+
 def headline_lines(run_dir: Path, cfg: TrainConfig) -> list[str]:
     """The run in three numbers, where its records are, and what to do next."""
     turns = read_jsonl(run_dir / "turns.jsonl")
@@ -99,6 +113,9 @@ def headline_lines(run_dir: Path, cfg: TrainConfig) -> list[str]:
              f"plots: python analysis/plots.py {run_dir} --out {run_dir}/plots; "
              f"tables: python analysis/ablation_table.py {run_dir}",
              f"evaluate it: python -m kevin_exp.evaluate checkpoint={run_dir}"]
+    infra = infra_line(turns)
+    if infra is not None:  # the reward is then the machine's doing: the note below would blame the model
+        return lines + ["", infra]
     # (only when the numbers above say so: a scripted or lucky run of such a model can score)
     if reward == 0 and cfg.model.name in SMOKE_MODELS and cfg.rollout.env == "kernel" and cfg.tasks.suite != "kernel_menu":
         lines += ["", f"note: model={cfg.model.name} is a smoke-scale policy that writes no valid kernels, so its reward "

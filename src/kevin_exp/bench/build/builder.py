@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import threading
@@ -73,8 +74,9 @@ class BuildResult:
 
 
 def _first_error(output: str) -> str:
+    # ld's own complaint ("ld: cannot find -lc10") comes before collect2's "error: ld returned 1 exit status"
     for line in output.splitlines():
-        if re.search(r"\berror\b", line, flags=re.I):
+        if re.search(r"\berror\b|\bld: cannot find\b", line, flags=re.I):
             return line.strip()[:300]
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     return lines[-1][:300] if lines else "no compiler output"
@@ -266,7 +268,7 @@ class Builder:
         # the failing compiler's own output first: that is what feedback to a model should show; never
         # a quote of a file outside the candidate's sources and the toolkit's headers
         output = drop_foreign_quotes(res.output)
-        log = f"{output}\n$ {' '.join(res.argv)}\n" + (f"\n== all build steps ==\n{drop_foreign_quotes(earlier)}" if earlier else "")
+        log = f"{output}\n$ {shlex.join(res.argv)}\n" + (f"\n== all build steps ==\n{drop_foreign_quotes(earlier)}" if earlier else "")
         kind = failures.classify(res)
         if res.timed_out:
             limit = self.timeout_s if timeout_s is None else timeout_s

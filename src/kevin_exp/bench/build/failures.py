@@ -30,11 +30,17 @@ _LINK_IN_CANDIDATE = re.compile(rf"(?:main|cuda\.cuda)\.o\b|{_FILES}:\(")
 _MACHINE = re.compile(r"Killed signal terminated program|virtual memory exhausted|out of memory|"
                       r"cannot allocate memory|std::bad_alloc|No space left on device|cannot execute|"
                       r"cannot run |error trying to exec|Resource temporarily unavailable", re.I)
+# a header the build itself puts first in every unit (glue.TORCH_PREFIX_CPP / _CUDA) was not found: torch's or CUDA's
+# include folders are out of the compiler's sight (a path it cannot see), whatever the candidate wrote
+_PREFIX_HEADER_MISSING = re.compile(r"^(?:\./)?(?:main\.cpp:1|cuda\.cu:[123]):\d+:\s*fatal error: "
+                                    r"(?:torch/extension\.h|torch/types\.h|cuda\.h|cuda_runtime\.h): No such file", re.M)
 
 
 def machine_failed(res: proc.ProcResult) -> bool:
-    """Out of time, killed by a signal, out of memory or disk, or a tool that could not run."""
-    return res.timed_out or res.returncode < 0 or _MACHINE.search(res.output) is not None
+    """Out of time, killed by a signal, out of memory or disk, a tool that could not run, or torch's or CUDA's own
+    headers out of the compiler's sight."""
+    return (res.timed_out or res.returncode < 0 or _MACHINE.search(res.output) is not None
+            or _PREFIX_HEADER_MISSING.search(res.output) is not None)
 
 
 def classify(res: proc.ProcResult) -> str:

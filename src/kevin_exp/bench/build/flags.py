@@ -66,8 +66,20 @@ def _probe_ninja(ce) -> tuple[list[str], list[str]]:
             extra_include_paths=[], with_cuda=False, with_sycl=False, is_standalone=False,
         )
         text = Path(path).read_text()
-    values = dict(re.findall(r"^(cflags|ldflags) = (.*)$", text, flags=re.M))
-    return shlex.split(values["cflags"]), shlex.split(values["ldflags"])
+    # torch quotes the include dirs of cflags but joins ldflags unquoted (-L<torch>/lib), so only cflags are
+    # read back from the text; the link flags are the list itself, as torch's ninja writer prefixes them
+    cflags = re.search(r"^cflags = (.*)$", text, flags=re.M)
+    if cflags is None:
+        raise ValueError("no cflags line in torch's ninja file")
+    return shlex.split(cflags.group(1)), _link_flags(ce, list(ldflags))
+
+
+def _link_flags(ce, ldflags: list[str]) -> list[str]:
+    """``-shared`` and ``ldflags``, as ``_write_ninja_file_to_build_library`` puts them (not standalone)."""
+    out = [getattr(ce, "SHARED_FLAG", "-shared"), *ldflags]
+    if sys.platform == "darwin":
+        out += ["-undefined", "dynamic_lookup"]
+    return out
 
 
 def _fallback(ce) -> tuple[list[str], list[str]]:

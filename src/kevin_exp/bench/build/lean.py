@@ -42,10 +42,16 @@ def _strip_op_header(text: str) -> str:
     ) + "\n"
 
 
+def _dep_paths(deps: str) -> list[str]:
+    """The paths of a `g++ -M` dependency list, where a space in a path is escaped (``/my\\ venv/...``)."""
+    tokens = re.split(r"(?<!\\)\s+", deps.replace("\\\n", " "))
+    return [t.replace("\\ ", " ") for t in tokens if t]
+
+
 def _std_headers(deps: str) -> list[str]:
     """Top-level standard C++ headers (<vector>, <cmath>, ...) among a `g++ -M` dependency list."""
     names = set()
-    for token in deps.replace("\\\n", " ").split():
+    for token in _dep_paths(deps):
         m = re.search(r"/c\+\+/[^/]+/([a-z_]+)$", token)
         if m:
             names.add(m.group(1))

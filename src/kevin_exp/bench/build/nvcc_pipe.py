@@ -26,6 +26,15 @@ def _tool(argv: list[str]) -> str:
     return os.path.basename(argv[0])
 
 
+def _env_value(text: str) -> str:
+    """nvcc quotes flag lists (``INCLUDES="-I<dir>"``) but prints paths as they are (``PATH=/my cuda/bin:...``):
+    a value without quotes is taken literally, so the spaces of a path stay as they are."""
+    value = text.strip()
+    if not any(c in value for c in "\"'\\"):
+        return value
+    return " ".join(shlex.split(value))
+
+
 def parse_dryrun(text: str, base_env: dict[str, str]) -> tuple[dict[str, str], list[list[str]]] | None:
     env = dict(base_env)
     cmds: list[list[str]] = []
@@ -35,9 +44,8 @@ def parse_dryrun(text: str, base_env: dict[str, str]) -> tuple[dict[str, str], l
         line = raw[3:].strip()
         m = _ASSIGN.match(line)
         if m and not cmds:  # the environment block precedes the commands
-            value = m.group(2).strip()
             try:
-                env[m.group(1)] = " ".join(shlex.split(value)) if value else ""
+                env[m.group(1)] = _env_value(m.group(2))
             except ValueError:
                 return None
             continue

@@ -12,9 +12,11 @@ niceness. Kept in one session, they share one group and their niceness ranks the
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import resource
+import shlex
 import shutil
 import signal
 import subprocess
@@ -46,7 +48,7 @@ class ProcResult:
         return self.returncode == 0 and not self.timed_out
 
     def describe(self) -> str:
-        return f"$ {' '.join(self.argv)}\n{self.output}"
+        return f"$ {shlex.join(self.argv)}\n{self.output}"
 
 
 _PRLIMIT = shutil.which("prlimit")
@@ -101,8 +103,14 @@ def readable_roots() -> list[Path]:
     return sorted(_readable)
 
 
+def _torch_roots() -> list[str]:
+    """torch's own folder, wherever it was imported from: a PYTHONPATH folder is not among the Python roots."""
+    spec = importlib.util.find_spec("torch")
+    return list(spec.submodule_search_locations or []) if spec is not None else []
+
+
 def _toolkit_roots() -> list[str]:
-    roots = [*jail.python_roots(), str(LEAN_HEADERS_DIR)]
+    roots = [*jail.python_roots(), *_torch_roots(), str(LEAN_HEADERS_DIR)]
     home = cuda_home()
     if home and os.path.isdir(home):
         roots.append(home)
