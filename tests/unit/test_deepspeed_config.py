@@ -108,7 +108,7 @@ def test_tasks_that_do_not_divide_over_the_ranks_are_refused(monkeypatch):
     assert compose_train(DS + ["tasks_per_step=8"]).tasks_per_step == 8
 
 
-def test_without_deepspeed_installed_the_backend_is_refused_with_the_install_command():
+def test_without_deepspeed_installed_a_run_is_refused_but_the_memory_planner_answers():
     # transformers looks for DeepSpeed when it loads: let it load first, then hide the package
     hide = ("import sys, importlib.abc\n"
             "import transformers, kevin_exp.models.loading, kevin_exp.config\n"
@@ -117,8 +117,14 @@ def test_without_deepspeed_installed_the_backend_is_refused_with_the_install_com
             "        if name == 'deepspeed' or name.startswith('deepspeed.'): raise ModuleNotFoundError(name)\n"
             "sys.meta_path.insert(0, Hide())\n"
             "from kevin_exp.config import ConfigError\n"
+            "from kevin_exp.launch.memory_report import main\n"
+            "from kevin_exp.launch.preflight import check_trainer_installed\n"
             "from tests.helpers import compose_train\n"
-            "try:\n    compose_train(['trainer=deepspeed'])\nexcept ConfigError as e:\n    print(e)\n")
+            "main(['experiment=kevin_7b', 'resources=h200x8'])\n"
+            "cfg = compose_train(['trainer=deepspeed'])\n"
+            "try:\n    check_trainer_installed(cfg)\nexcept ConfigError as e:\n    print('refused:', e)\n")
     out = subprocess.run([sys.executable, "-c", hide], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"})
-    assert "pip install -e '.[deepspeed]'" in out.stdout, out.stderr[-2000:]
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "layout: zero_stage=" in out.stdout and "per GPU:" in out.stdout  # the planner needs no trainer
+    assert "refused: trainer.backend=deepspeed: DeepSpeed is not installed; pip install -e '.[deepspeed]'" in out.stdout

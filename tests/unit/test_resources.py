@@ -11,17 +11,21 @@ from pathlib import Path
 import pytest
 
 from kevin_exp.launch.layout import resolve_layout
+from kevin_exp.launch.memory_check import (
+    candidate_changes,
+    check_host_training,
+    check_resources,
+    fixes_for,
+    host_memory_gb,
+)
 from kevin_exp.launch.resources import (
     CUDA_CONTEXT_GB,
     NCCL_GB,
     RANK_PROCESS_GB,
     MemoryLayout,
     ResourceError,
-    candidate_changes,
-    check_resources,
     estimate,
     estimate_memory,
-    fixes_for,
     layout_of,
 )
 from tests.helpers import compose_train
@@ -169,6 +173,21 @@ def test_32b_on_one_gpu_stops_with_the_numbers_and_the_fix():
     text = str(err.value)
     assert "model=32b" in text and "GB per GPU against 72 GB usable" in text
     assert "AdamW states 131.2 GB" in text and "fix:" in text and "resources.gpu_memory_gb" in text
+    # the fix a user can take: a node profile whose GPUs hold it, under the sharding trainer
+    assert "trainer=deepspeed resources=h200x8 (8 GPUs of 141 GB" in text
+    assert "larger GPUs" not in text
+
+
+def test_a_model_too_large_for_this_machines_memory_is_refused_when_it_trains_on_the_cpu():
+    """No GPU: the policy's states live in host memory, which the check compares with this machine's. A 32B
+    shape (weights, gradients and AdamW states alone are over 250 GB) fits no machine that runs these tests; the
+    default model fits all of them."""
+    big = compose_train(["model=32b", "model.source=random", "rollout.env=synthetic", "trainer.device=cpu"])
+    with pytest.raises(ResourceError, match=r"(?s)model=32b .* trains on the CPU here .* does not fit this machine's "
+                                            r"memory: its states and process alone take about \d+ GB against \d+ GB usable .*fix: a smaller model"):
+        check_host_training(big)
+    small = check_host_training(compose_train(["trainer.device=cpu"]))
+    assert small.states_gb + small.host_processes_gb < 10 < host_memory_gb()
 
 
 def test_every_fix_offered_fits_when_applied():

@@ -82,9 +82,6 @@ class TrainerConfig:
         if self.checkpoint_layers != 1.0 and not self.activation_checkpointing:
             problems.append(f"{prefix}checkpoint_layers={self.checkpoint_layers}: a share of the checkpointed layers, but "
                             f"{prefix}activation_checkpointing=false; turn checkpointing on or leave checkpoint_layers=1")
-        if not _deepspeed_installed():
-            problems.append(f"{prefix}backend=deepspeed: DeepSpeed is not installed; pip install -e '.[deepspeed]' "
-                            "(or pip install deepspeed==0.19.8)")
         if self.offload_params == "cpu" and self.zero_stage == 2:
             problems.append(f"{prefix}offload_params={self.offload_params}: parameter offload needs "
                             f"{prefix}zero_stage=3 (it is {self.zero_stage})")
@@ -102,15 +99,6 @@ class TrainerConfig:
                 except ValueError as e:
                     problems.append(f"{prefix}deepspeed_config={self.deepspeed_config}: not valid JSON ({e})")
         return problems
-
-
-def _deepspeed_installed() -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("deepspeed") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 # the sharding trainer's layout: each may be ``auto``

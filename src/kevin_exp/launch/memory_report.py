@@ -16,8 +16,9 @@ from kevin_exp.config.resolvers import register_resolvers
 from kevin_exp.config.trainer import LAYOUT_FIELDS
 from kevin_exp.errors import user_errors
 from kevin_exp.launch.layout import generation_line, layout_line, resolve_layout
+from kevin_exp.launch.memory_check import fixes_for
 from kevin_exp.launch.preflight import Composer
-from kevin_exp.launch.resources import MemoryLayout, estimate, fixes_for, layout_of, report_lines
+from kevin_exp.launch.resources import MemoryLayout, estimate, layout_of, report_lines
 from kevin_exp.settings_checks import AUTO
 
 # the sharding trainer's settings: read from the config where it has them, else given to the layout directly

@@ -10,6 +10,7 @@ a value of the wrong type, a missing group option) are translated into the same 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -19,8 +20,9 @@ from omegaconf import DictConfig, OmegaConf
 from kevin_exp.config import ConfigError, TrainConfig, to_typed
 from kevin_exp.errors import UserError, one_line
 from kevin_exp.launch.layout import resolve_layout
+from kevin_exp.launch.memory_check import check_host_training, check_resources
 from kevin_exp.launch.ranks import check_trainer_for_ranks
-from kevin_exp.launch.resources import check_resources, uses_gpu
+from kevin_exp.launch.resources import uses_gpu
 from kevin_exp.launch.slurm_checks import check_cluster_reachable, check_points
 from kevin_exp.models.loading import check_model_path
 from kevin_exp.run.setup import load_task_pool
@@ -180,6 +182,21 @@ def check_sweep_has_multirun(cfg: DictConfig, multirun: bool) -> None:
                           "point would run")
 
 
+def check_trainer_installed(cfg: TrainConfig) -> None:
+    """A run's trainer needs its package; the memory planner (``python -m kevin_exp.launch.memory_report``) does
+    not, so this is checked where a run starts, not where a config is composed."""
+    if cfg.trainer.backend == "deepspeed" and not installed("deepspeed"):
+        raise ConfigError("trainer.backend=deepspeed: DeepSpeed is not installed; pip install -e '.[deepspeed]' "
+                          "(or pip install deepspeed==0.19.8)")
+
+
+def installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True, runs_here: bool = True) -> None:
     """What a run needs besides valid settings: its tasks, its model's weights, its checkpoint, (where it runs
     on this machine) the GPU its trainer.device names, and (on a GPU) enough memory. Raises a UserError naming
@@ -193,9 +210,12 @@ def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True, ru
     if entry == "evaluate" and cfg.checkpoint:
         find_checkpoint(cfg.checkpoint)
     if entry == "train":
+        check_trainer_installed(cfg)
         check_trainer_for_ranks(cfg)
     if memory_check and uses_gpu(cfg):
         check_resources(resolve_layout(cfg, on_gpu=True)[0])
+    elif memory_check and runs_here:
+        check_host_training(resolve_layout(cfg, on_gpu=False)[0])
 
 
 def launched_by_cluster(cfg: DictConfig | None = None) -> bool:

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, open_dict
 from kevin_exp.config import TrainConfig, to_typed
 from kevin_exp.errors import LaunchError
 from kevin_exp.launch.layout import resolve_layout
-from kevin_exp.launch.resources import ResourceError, check_resources
+from kevin_exp.launch.memory_check import ResourceError, check_resources
 from kevin_exp.models.loading import ModelConfigError, check_model_path
 
 
