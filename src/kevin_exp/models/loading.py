@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from kevin_exp.bench.build.cache import lock_path, locked, new_tmp_dir, publish
 from kevin_exp.config import MODEL_DTYPES, MODEL_SOURCES, ModelConfig
-from kevin_exp.errors import UserError
+from kevin_exp.errors import UserError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,31 @@ def _hf_path(cfg: ModelConfig) -> str:
     if looks_local and not os.path.isdir(path):
         raise ModelConfigError(f"model.path={cfg.path!r} is not an existing folder: point model.path at a model folder "
                          "(config.json + weights) or a hub id")
+    if not os.path.isdir(path):
+        _check_hub_model(cfg, path)
     return path
+
+
+HUB_TIMEOUT_S = 10.0
+
+
+def _check_hub_model(cfg: ModelConfig, repo_id: str) -> None:
+    """A hub id loads from this machine's hub cache, or from the hub: refused at once when it is in neither
+    (the hub's client would otherwise retry for minutes while the run's folder is made)."""
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str):
+        return
+    fix = "download it where the hub can be reached and point model.path at the folder"
+    try:
+        huggingface_hub.model_info(repo_id, timeout=HUB_TIMEOUT_S)
+    except RepositoryNotFoundError:
+        raise ModelConfigError(f"model={cfg.name}: model.path={repo_id!r} is no model on the hub (or a private one: "
+                               "set HF_TOKEN); give a hub id or a local folder") from None
+    except Exception as e:  # offline mode, no network, DNS, proxy, TLS: the client's errors vary by version
+        raise ModelConfigError(f"model={cfg.name}: {repo_id} is not in this machine's hub cache and the hub cannot be "
+                               f"reached ({type(e).__name__}: {one_line(str(e))[:160]}); {fix}") from None
 
 
 def _hf_call(path: str, load: Callable):
