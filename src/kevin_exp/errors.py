@@ -4,7 +4,8 @@ A ``UserError`` is a mistake the user can fix (a bad setting, a missing folder, 
 message names the setting or argument, the bad value, and what is allowed or what to do. Every entry point
 (``kevin_exp.train``, ``kevin_exp.evaluate``, ``kevin_exp.bench``, ``kevin_exp.show``, the analysis scripts, the
 cluster launcher) runs under ``user_errors()``: the message is printed as one line on stderr and the process
-exits with ``EXIT_USER_ERROR``. Any other exception is a bug and keeps its traceback.
+exits with ``EXIT_USER_ERROR``. Any other exception is a bug and keeps its traceback. A user's Ctrl-C is neither:
+the run stops, cleans up and exits with ``EXIT_INTERRUPTED`` (``run/signals.py``).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 from typing import Any, Callable, Iterator, TypeVar
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # what a shell reports for a process that SIGINT ended (128 + 2)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

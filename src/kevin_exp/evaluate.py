@@ -18,6 +18,7 @@ from kevin_exp.errors import user_errors
 from kevin_exp.launch.job import job_settings, model_chosen
 from kevin_exp.launch.preflight import preflight
 from kevin_exp.run.evaluation import EvaluationRun, eval_summary_lines
+from kevin_exp.run.signals import exits_on_ctrl_c
 
 register_configs()
 register_resolvers()
@@ -34,9 +35,10 @@ def run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    with user_errors():
-        preflight("evaluate", sys.argv[1:])
-    run()
+    with exits_on_ctrl_c():  # a Ctrl-C: stop, clean up, say where the records are and how to resume, exit 130
+        with user_errors():
+            preflight("evaluate", sys.argv[1:])
+        run()
 
 
 if __name__ == "__main__":

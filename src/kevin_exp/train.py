@@ -20,6 +20,7 @@ from kevin_exp.launch import ranks
 from kevin_exp.launch.job import job_settings
 from kevin_exp.launch.preflight import launched_by_cluster, preflight
 from kevin_exp.records.summary import print_summary
+from kevin_exp.run.signals import exits_on_ctrl_c
 from kevin_exp.run.training import TrainingRun
 
 register_configs()
@@ -46,9 +47,10 @@ def run(cfg: DictConfig) -> float:
 
 
 def main() -> None:
-    with user_errors():
-        preflight("train", sys.argv[1:])
-    run()
+    with exits_on_ctrl_c():  # a Ctrl-C: stop, clean up, say where the records are and how to resume, exit 130
+        with user_errors():
+            preflight("train", sys.argv[1:])
+        run()
 
 
 if __name__ == "__main__":

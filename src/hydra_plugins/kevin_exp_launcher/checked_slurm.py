@@ -1,7 +1,9 @@
 """submitit's SLURM launcher, with kevin-exp's pre-submission checks (kevin_exp.launch.slurm_checks) and a line per
-submitted job: its overrides, SLURM job id, run folder and log folder."""
+submitted job: its overrides, SLURM job id, run folder and log folder. A Ctrl-C while it waits for the jobs stops the
+waiting only: the jobs keep running, and the message says how to follow and stop them."""
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -13,6 +15,7 @@ from omegaconf import DictConfig, open_dict
 
 from kevin_exp.errors import LaunchError
 from kevin_exp.launch.slurm_checks import check_cluster_reachable, check_points, job_config
+from kevin_exp.run.signals import say_on_ctrl_c
 
 if TYPE_CHECKING:
     import submitit
@@ -36,9 +39,20 @@ class CheckedSlurmLauncher(SlurmLauncher):
                 run_dir = _run_dir(sweep_config, job.job_id, initial_job_idx + idx)
                 print(f"job {job.job_id} [{' '.join(filter_overrides(overrides))}] run: {run_dir} "
                       f"logs: {job.paths.folder}/", flush=True)
+            sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+            say_on_ctrl_c(functools.partial(left_running, [job.job_id for job in jobs], sweep_dir))
 
         with _on_submission(report):
             return super().launch(job_overrides, initial_job_idx)
+
+
+def left_running(job_ids: list[str], sweep_dir: Path) -> list[str]:
+    """What a Ctrl-C of the launcher says once its jobs are submitted (kevin_exp/run/signals.py)."""
+    arrays = list(dict.fromkeys(job_id.split("_", 1)[0] for job_id in job_ids))
+    return [f"interrupted (Ctrl-C): this launcher stopped waiting; the {len(job_ids)} SLURM job(s) it submitted keep "
+            "running and write their records as usual",
+            f"sweep folder: {sweep_dir} (the run folder of each job is on its line above)",
+            f"follow them: squeue -j {','.join(arrays)}; stop them: scancel {' '.join(arrays)}"]
 
 
 @contextmanager

@@ -18,6 +18,7 @@ import os
 import queue
 import tempfile
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -60,6 +61,7 @@ MAX_BUILD_ROUNDS = 3
 class Evaluator:
     def __init__(self, config: BenchConfig | None = None) -> None:
         self.config = config or BenchConfig()
+        self._stopped = False
         cfg = self.config
         self.cache_dir = cfg.resolved_cache_dir()
         self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -94,6 +96,7 @@ class Evaluator:
                     cpus=self.cpu_split.slot(i), standby_cpus=self.cpu_split.compiles)
             for i, dev in enumerate(devices)
         ]
+        _open.add(self)
 
     # ------------------------------------------------------------------ public API
 
@@ -111,7 +114,17 @@ class Evaluator:
         start = self.fork_server.describe() if self.fork_server is not None else "exec"
         return f"{self.policy.describe()}; runners start by {start}"
 
+    def stop(self) -> None:
+        """A Ctrl-C (``run/signals.py``, in the signal handler: no lock, no wait): no run starts, the runners alive are
+        killed, each candidate waiting gets a verdict at once (nothing waits for one); ``close`` ends the rest."""
+        self._stopped = True
+        for slot in self._slots:
+            slot.stop()
+        if self.fork_server is not None:
+            self.fork_server.stop()
+
     def close(self) -> None:
+        _open.discard(self)
         for slot in self._slots:
             slot.close()
         if self.fork_server is not None:
@@ -259,7 +272,7 @@ class Evaluator:
             try:
                 pending = run_queue.get_nowait()
             except queue.Empty:
-                source = self._references_ahead.take()
+                source = self._references_ahead.take() if not self._stopped else None
                 if source is not None:
                     with contextlib.suppress(Exception):  # a failing reference is left for the problem's runs to report
                         slot.time_reference(source)
@@ -272,6 +285,8 @@ class Evaluator:
         """Run a candidate; a spec it only builds at run time is checked and built, then it runs again. A run the
         hidden-time check flags is measured again in a fresh runner (``hidden_time_retries``); a speedup above
         ``recheck_speedup`` is re-timed in a fresh runner on fresh inputs before it counts."""
+        if self._stopped:  # a Ctrl-C: never run, and the verdict is never recorded
+            return self._verdict(pending.item, Status.INFRA_ERROR, "the evaluation was stopped (Ctrl-C)")
         while True:
             outcome, run_s = slot.run(self._job(pending))
             if outcome.needs_build is None:
@@ -322,6 +337,15 @@ class Evaluator:
 
     def _internal_error(self, item: EvalItem, exc: BaseException) -> Verdict:
         return self._verdict(item, Status.CRASHED, f"evaluator error: {type(exc).__name__}: {exc}")
+
+
+_open: weakref.WeakSet[Evaluator] = weakref.WeakSet()
+
+
+def every_open_evaluator(method: str) -> None:
+    """A Ctrl-C (``run/signals.py``): ``stop`` (in the signal handler), then ``close``, each evaluator not closed yet."""
+    for evaluator in list(_open):
+        getattr(evaluator, method)()
 
 
 def _make_world_readable(root: Path, so_path: Path) -> None:

@@ -26,6 +26,7 @@ from kevin_exp.bench.sandbox import python_env
 START_TIMEOUT_S = 180.0
 REPLY_TIMEOUT_S = 60.0
 UNKNOWN_STATUS = 1  # a runner that ended after the server died: its status went with the server
+STOPPED_WAIT_S = 3.0  # how long a stopped server is given to kill its runners and exit before it is killed
 
 
 class ForkedRunner:
@@ -80,6 +81,7 @@ class ForkServer:
         self._restarts = 0
         self._ready: dict | None = None
         self._dead = False
+        self._stopped = False  # a Ctrl-C: no runner is forked and the server is not restarted (stop)
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
         self._start()
@@ -153,7 +155,7 @@ class ForkServer:
     # -- requests ----------------------------------------------------------------------------------------
     def ready(self, timeout_s: float = START_TIMEOUT_S) -> bool:
         """Whether the server is warm and able to fork (waits for its imports the first time)."""
-        if self.unusable:
+        if self.unusable or self._stopped:
             return False
         if self._dead:
             if self._restarts:
@@ -244,6 +246,18 @@ class ForkServer:
     def describe(self) -> str:
         return f"exec ({self.unusable})" if self.unusable else "fork (from a warm fork server)"
 
+    def stop(self) -> None:
+        """A Ctrl-C (``Evaluator.stop``): no runner is forked from now on, and whoever waits for the server (its start
+        takes its imports) stops waiting (our end shut: the reader sees the server gone). The server then kills what
+        it runs and exits; ``close`` waits a moment for that. No lock, no wait: it runs in the signal handler."""
+        self._stopped = True
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def close(self) -> None:
         """Closing our end makes the server kill what it still runs and exit."""
         if self._sock is not None:
@@ -254,8 +268,11 @@ class ForkServer:
             self._sock.close()
             self._sock = None
         if self._proc is not None:
+            wait_s = 30.0
+            if self._stopped:  # a server still importing (never ready) has no runner: it is not waited for
+                wait_s = STOPPED_WAIT_S if self._ready is not None else 0.0
             try:
-                self._proc.wait(timeout=30)
+                self._proc.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()

@@ -53,16 +53,25 @@ class RunSlot:
         self._reapers: list[threading.Thread] = []
         # reapers of runners killed mid-call (a hang, a crash): the next run waits for them (_wait_for_the_killed)
         self._killed: list[threading.Thread] = []
+        # the runner of the run under way; after stop() no runner or reference process starts
+        self._running: WorkerProcess | None = None
+        self.stopped = False
         self.gate = DeviceGate(run_root / f"device-gate-{index}") if config.backend == "cuda" else None
 
     def start(self) -> None:
         """Start the reference process and the standby runners (a batch does this first, so they start while
-        its first compiles run)."""
-        self.reference()
-        self._top_up()
+        its first compiles run). A slot stopped (a Ctrl-C), even while it starts, raises nothing here: its runs fail."""
+        try:
+            self.reference()
+            self._top_up()
+        except Exception:
+            if not self.stopped:
+                raise
 
     def reference(self) -> ReferenceProcess:
         """The slot's reference process, restarted if it has died."""
+        if self.stopped:
+            raise RuntimeError("the evaluation was stopped (Ctrl-C)")
         if self._reference is not None and not self._reference.alive():
             self._reference.close()
             self._reference = None
@@ -79,7 +88,7 @@ class RunSlot:
         t_take = time.monotonic()
         waited = self._wait_for_the_killed()
         ref = self.reference()
-        worker = self._take()
+        worker = self._running = self._take()
         if self.config.backend == "cuda":
             self._top_up()  # the next ones start while this one runs (on CPU they would take the timed run's cores)
         t0 = time.monotonic()
@@ -97,6 +106,7 @@ class RunSlot:
         t1 = time.monotonic()
         self.exchange_size = max(self.exchange_size, _size_of(worker.exchange_fd))  # (sealed before candidate code)
         self._retire(worker, killed=outcome.ended is not None or outcome.status in ("timeout", "crashed"))
+        self._running = None
         if waited:
             outcome.phases["killed_runner_wait_s"] = round(waited, 4)
         if not ref.alive() or ref.pending:
@@ -142,6 +152,14 @@ class RunSlot:
             self._reference.close()
             self._reference = None
 
+    def stop(self) -> None:
+        """A Ctrl-C (``Evaluator.stop``): the runners and the reference process are killed, the run under way ends at
+        once, and none starts after it. No lock, no wait: it runs in the signal handler; ``close`` reaps them."""
+        self.stopped = True
+        for child in [*self._standby, self._running, self._reference]:
+            if child is not None:
+                child._kill_group()
+
     def close(self) -> None:
         while self._standby:
             self._standby.popleft().close()
@@ -166,13 +184,17 @@ class RunSlot:
         """Refill the standby runners once half of them are used, all at once: on cuda each start holds the device
         gate shared while CUDA starts, and a run waits for starts under way; started together, several cost a run
         one such wait, where one started after every run cost every run one."""
-        if len(self._standby) > self.n_standby // 2:
+        if len(self._standby) > self.n_standby // 2 or self.stopped:
             return
         while len(self._standby) < self.n_standby:
             self._standby.append(self._spawn())
 
     def _spawn(self) -> WorkerProcess:
+        if self.stopped:
+            raise RuntimeError("the evaluation was stopped (Ctrl-C)")
         worker = self._start_worker()
+        if self.stopped:  # stopped while it started (close reaps it)
+            worker._kill_group()
         if self.cpus and not worker.forked:  # (forked ones start where the fork server runs: the compile cores)
             worker.pin(self.standby_cpus)
         return worker

@@ -28,6 +28,7 @@ from kevin_exp.records.transcripts import transcript_rows
 from kevin_exp.rollout.loop import run_rollout
 from kevin_exp.run.folder import RunFolder
 from kevin_exp.run.parts import build_logger, build_policy_parts
+from kevin_exp.run.signals import raise_if_stopping
 from kevin_exp.run.step import assign_credit, rollout_settings, step_seed
 from kevin_exp.tasks import Problem
 from kevin_exp.trainer.checkpoint import checkpoint_step, find_checkpoint, load_policy_weights
@@ -122,6 +123,7 @@ class EvaluationRun:
                                              self.parts.count_tokens, settings, seed=seed,
                                              on_turn=lambda turn, group, s: progress.turn(k, turn, 0, s))
                 assign_credit(samples, cfg)
+                raise_if_stopping()  # verdicts given after a Ctrl-C are the stopped evaluator's, never recorded
                 self.records.append_turns([turn_row(self.run_id, "eval", self.policy_step, s, self.settings,
                                                     cfg.model.usual_opening, self.env.backend) for s in samples])
                 self.folder.transcripts.append(number, transcript_rows("eval", number, samples))

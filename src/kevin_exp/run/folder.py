@@ -142,6 +142,49 @@ def record_ranks(run_dir: Path) -> None:
     meta_path.write_text(json.dumps(meta, indent=1, default=str))
 
 
+def stopped_lines(entry: str, run_dir: Path, steps: int, command: str, sweep_dir: Path | None = None,
+                  job: str = "") -> list[str]:
+    """What a job stopped by Ctrl-C says (``run/signals.py``): where its records and last checkpoint are, and the
+    command that resumes it; in a sweep, the sweep's folder and the command that continues the sweep."""
+    from kevin_exp.trainer.checkpoint import Checkpointer, checkpoint_step
+
+    what = "sweep" if sweep_dir is not None else "evaluation" if entry == "evaluate" else "run"
+    lines = [f"interrupted (Ctrl-C): the {what} stopped, and none of its processes or temporary build folders is left"]
+    if sweep_dir is not None:
+        lines.append(f"sweep folder: {sweep_dir} (a run folder per job; it stopped in job {job})")
+    lines.append(f"{'run folder of that job' if sweep_dir is not None else 'run folder'}: {run_dir}")
+    turns = _rows(run_dir / "turns.jsonl")
+    if entry == "evaluate":
+        lines.append(f"records: turns.jsonl ({turns}, of whole batches of tasks); a restart keeps them and evaluates the "
+                     "other tasks")
+    else:
+        lines.append(f"records: turns.jsonl ({turns}), metrics.jsonl ({_rows(run_dir / 'metrics.jsonl')})")
+        try:
+            latest = Checkpointer(run_dir).latest()
+        except UserError:  # a checkpoint of an older format: the run's own start says so
+            latest = None
+        step = checkpoint_step(latest) if latest is not None else 0
+        if latest is None:
+            lines.append("last checkpoint: none written yet; resuming starts at step 1")
+        elif step >= steps:
+            lines.append(f"last checkpoint: {latest} (step {step} of {steps}: the run is complete)")
+        else:
+            lines.append(f"last checkpoint: {latest} (step {step} of {steps}); resuming starts at step {step + 1}")
+    lines.append(f"{'continue the sweep' if sweep_dir is not None else 'resume'}: {command}")
+    if sweep_dir is not None:
+        lines.append("(the finished runs are kept; each other run resumes from its last checkpoint)")
+    return lines
+
+
+def _rows(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            n = sum(1 for line in f if line.strip())
+    except OSError:
+        n = 0
+    return f"{n} row{'' if n == 1 else 's'}"
+
+
 def provenance_config(cfg: TrainConfig) -> dict[str, Any]:
     """The settings the run used, as written to config.json and W&B."""
     return dataclasses.asdict(cfg)

@@ -45,7 +45,7 @@ from kevin_exp.rollout.generators import build_generator
 from kevin_exp.rollout.loop import RolloutTimes, TurnSample, run_rollout
 from kevin_exp.run.folder import RunFolder
 from kevin_exp.run.parts import build_logger, build_policy_parts
-from kevin_exp.run.signals import signals_held
+from kevin_exp.run.signals import raise_if_stopping, signals_held
 from kevin_exp.run.step import assign_credit, pick_tasks, rank_share, rollout_settings, step_seed
 from kevin_exp.run.throughput import device_peak_flops, gpu_peak_gb, host_rss_peak_gb, mfu, reset_gpu_peak
 from kevin_exp.trainer import collectives
@@ -238,6 +238,7 @@ class TrainingRun:
         every = collectives.gather_to_main(samples)  # where a rank that finished its rollout first waits
         barrier_s = time.perf_counter() - t_gather
         all_samples = [s for share in every for s in share] if every is not None else []
+        raise_if_stopping()  # verdicts given after a Ctrl-C are the stopped evaluator's, never recorded
         if ctx.is_main:
             self.records.append_turns([turn_row(self.run_id, "train", step, s, self.settings, cfg.model.usual_opening,
                                                 self.env.backend) for s in all_samples])

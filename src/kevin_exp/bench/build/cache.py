@@ -8,6 +8,9 @@ Layout under ``cache_dir``::
     pch/<pch-key>/torch/extension.h.gch                               precompiled lean headers
     reg/<reg-key>/reg.o                                               cached pybind11 binding objects
     lean/<torch-key>/kx_ops/*.h                                       generated lean op headers
+
+A build's ``.tmp-*`` folder is published or removed by the build itself; a stale one of a crashed build is removed
+by the next build of its key. A Ctrl-C removes this process's own at once (``remove_own_tmp_dirs``).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import json
 import os
 import secrets
 import shutil
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -75,19 +79,48 @@ def new_tmp_dir(final: Path) -> Path:
     for stale in final.parent.glob(f".tmp-{final.name}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    with _own_lock:
+        if _stopped:
+            raise OSError(f"{final.parent}: no build starts, the run is stopping (Ctrl-C)")
+        if len(_own_tmp) > 64:  # the ones the builds removed themselves
+            _own_tmp.difference_update([p for p in _own_tmp if not p.exists()])
+        tmp.mkdir()
+        _own_tmp.add(tmp)
     return tmp
 
 
 def publish(tmp: Path, final: Path) -> None:
     """Atomically turn a finished tmp dir into the entry (rename is atomic within one filesystem)."""
-    try:
-        os.rename(tmp, final)
-    except OSError:
-        if final.exists():  # someone published it meanwhile (lock-less callers): keep theirs
+    with _own_lock:  # never beside remove_own_tmp_dirs: an entry is published whole or not at all
+        if _stopped and tmp not in _own_tmp:
+            raise OSError(f"{tmp}: removed, the run is stopping (Ctrl-C)")
+        _own_tmp.discard(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if final.exists():  # someone published it meanwhile (lock-less callers): keep theirs
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                raise
+
+
+# this process's build folders in progress (new_tmp_dir until publish), and whether a Ctrl-C stopped building
+_own_tmp: set[Path] = set()
+_own_lock = threading.Lock()
+_stopped = False
+
+
+def remove_own_tmp_dirs() -> list[Path]:
+    """A Ctrl-C (``run/signals.py``): this process's unfinished build folders are removed, and none is made after
+    it. The ones removed."""
+    global _stopped
+    with _own_lock:
+        _stopped = True
+        removed = [p for p in _own_tmp if p.exists()]
+        for tmp in removed:
             shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            raise
+        _own_tmp.clear()
+    return removed
 
 
 def write_json(path: Path, payload: dict) -> None:

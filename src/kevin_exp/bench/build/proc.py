@@ -244,6 +244,8 @@ class Job:
         else:
             argv, preexec = _limited(self.argv, memory_limit_gb)
         try:
+            if _stopped:
+                raise OSError("the run is stopping (Ctrl-C)")
             self.proc = subprocess.Popen(
                 argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                 process_group=0, preexec_fn=preexec, env=compile_env(env),
@@ -254,8 +256,20 @@ class Job:
             self.log_path.unlink(missing_ok=True)
             self.proc = None
             self.spawn_error = f"cannot run {self.argv[0]}: {exc}"
+        else:
+            _running[id(self)] = self
+            if _stopped:  # stop_compiles ran while it started
+                self.kill_group()
         if group is not None and not group.add(self):
             self.kill()
+
+    def kill_group(self) -> None:
+        """SIGKILL to the compiler's process group, waiting for nothing."""
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -264,6 +278,7 @@ class Job:
             except ProcessLookupError:
                 pass
             self.proc.wait()
+        _running.pop(id(self), None)
 
     def _give_back(self) -> None:
         if self._lease is not None:
@@ -285,12 +300,35 @@ class Job:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        _running.pop(id(self), None)
         self._give_back()
         self._log.seek(0)
         output = self._log.read().decode("utf-8", errors="replace")
         self._log.close()
         self.log_path.unlink(missing_ok=True)
         return ProcResult(self.argv, self.proc.returncode, output, time.monotonic() - self.start, timed_out)
+
+
+# the compilers running now (by id of their Job), and whether a Ctrl-C stopped compiling in this process
+_running: dict[int, Job] = {}
+_stopped = False
+
+
+def stop_compiles() -> None:
+    """A Ctrl-C (``run/signals.py``): every compiler this process runs is killed, its whole process group (compilers
+    lead groups of their own, so a terminal's Ctrl-C never reaches them), and none starts after it: a build then
+    fails as the machine's (never remembered as the candidate's). No lock, no wait: it runs in the signal handler."""
+    global _stopped
+    _stopped = True
+    for job in list(_running.values()):
+        job.kill_group()
+
+
+def wait_for_compiles(timeout_s: float) -> None:
+    """Until every compiler killed by ``stop_compiles`` has been reaped by its build (at most ``timeout_s``)."""
+    end = time.monotonic() + timeout_s
+    while _running and time.monotonic() < end:
+        time.sleep(0.05)
 
 
 def run(argv: Sequence[str], cwd: Path, deadline: float, memory_limit_gb: float,

@@ -44,9 +44,11 @@ class _Checker:
     def __init__(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+        # a process group of its own, as the compilers: a terminal's Ctrl-C reaches the run alone, which stops
+        # cleanly (run/signals.py), and the checker ends with it (its stdin closes) instead of dying with a traceback
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kevin_exp.bench.checks.checker_process"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True, process_group=0)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout.fileno()
         if self._read(1, time.monotonic() + _START_TIMEOUT_S) != b"R":
