@@ -2,6 +2,7 @@
 the setting or argument and the fix, exit status 2, no traceback, and nothing written."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny", "rollout.env=synthetic", "logger.progress=none"]
@@ -75,6 +77,78 @@ def test_a_gpu_device_on_a_machine_without_one_is_refused_before_the_run_folder_
     _assert_user_error(proc, "trainer.device=cuda: no CUDA GPU is visible on this machine", "trainer.device=auto",
                        "trainer.device=cpu")
     assert not run_dir.exists() and not (tmp_path / "outputs").exists(), "no run folder, lock or ledger line"
+
+def _under_a_file(tmp_path: Path, name: str) -> Path:
+    """A path where no folder or file can be made, for any user: the tests may run as root, whom a chmod does not
+    stop, but nobody can make anything inside a regular file."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    return blocker / name
+
+
+@pytest.mark.parametrize("entry", ["kevin_exp.train", "kevin_exp.evaluate"])
+@pytest.mark.parametrize("key", ["run_dir", "hydra.run.dir"])
+def test_an_unwritable_run_folder_is_refused_before_anything_is_written(tmp_path, entry, key):
+    target = _under_a_file(tmp_path, "run")
+    proc = _run(tmp_path, "-m", entry, *TINY, f"{key}={target}")
+    _assert_user_error(proc, f"{key}={target}: {tmp_path / 'a_file'} is a file", f"give {key}=<a folder")
+    assert [p.name for p in tmp_path.iterdir()] == ["a_file"], "no run folder, no Hydra folder"
+
+
+@pytest.mark.parametrize("entry", ["kevin_exp.train", "kevin_exp.evaluate"])
+@pytest.mark.parametrize("key", ["hydra.sweep.dir", "hydra.callbacks.ledger.path"])
+def test_an_unwritable_sweep_folder_or_ledger_is_refused_and_appends_no_ledger_line(tmp_path, entry, key):
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text('{"sweep_name": "earlier"}\n')
+    paths = {"hydra.sweep.dir": tmp_path / "sweep", "hydra.callbacks.ledger.path": ledger}
+    paths[key] = _under_a_file(tmp_path, Path(paths[key]).name)
+    proc = _run(tmp_path, "-m", entry, "-m", *TINY, "seed=0,1", *[f"{k}={v}" for k, v in paths.items()])
+    _assert_user_error(proc, f"{key}={paths[key]}: {tmp_path / 'a_file'} is a file", f"give {key}=<a")
+    assert ledger.read_text() == '{"sweep_name": "earlier"}\n', "a refused sweep appends no ledger line"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "ledger.jsonl"]
+
+
+def test_the_ledger_callback_appends_no_line_for_a_sweep_whose_folder_cannot_be_made(tmp_path, capsys):
+    """The same refusal where Hydra calls the callback, for a launch that did not go through the entry points."""
+    from kevin_exp.records.ledger import SweepLedger
+
+    ledger, sweep = tmp_path / "ledger.jsonl", _under_a_file(tmp_path, "sweep")
+    config = OmegaConf.create({"sweep_name": None, "hydra": {"sweep": {"dir": str(sweep)}, "sweeper": {},
+                                                             "overrides": {"task": []}}})
+    with pytest.raises(SystemExit) as stopped:
+        SweepLedger(str(ledger)).on_multirun_start(config)
+    assert stopped.value.code == 2 and not ledger.exists()
+    assert capsys.readouterr().err.startswith(f"error: hydra.sweep.dir={sweep}: {tmp_path / 'a_file'} is a file")
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_run_folder_holding_another_run_is_refused_and_its_own_run_resumes_there(tmp_path):
+    run = [*TINY, "n_trajectories=2", "n_turns=2", "tasks_per_step=1", "rollout.max_new_tokens=4", "steps=1"]
+    first = _run(tmp_path, "-m", "kevin_exp.train", *run)
+    assert first.returncode == 0, first.stderr[-2000:]
+    [folder] = (tmp_path / "outputs" / "runs").iterdir()
+    before = _files(folder)
+    assert ".hydra/overrides.yaml" in before and "config.json" in before
+    # another run (other settings) pointed at the first one's folder
+    other = _run(tmp_path, "-m", "kevin_exp.train", *run, "gamma=0.0", f"run_dir={folder}")
+    _assert_user_error(other, f"run_dir={folder}: {folder} holds another run", "only this run has: gamma=0.0",
+                       "another run_dir", "delete that folder")
+    assert _files(folder) == before, "the first run's records and Hydra files are as they were"
+    # the same settings with a run_dir of their own: Hydra's files go with that run's records, not into the folder
+    # named by the (same) overrides, the first run's
+    elsewhere = tmp_path / "elsewhere"
+    moved = _run(tmp_path, "-m", "kevin_exp.train", *run, f"run_dir={elsewhere}")
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    assert _files(folder) == before
+    assert {".hydra/overrides.yaml", "train.log", "config.json"} <= set(_files(elsewhere))
+    # the first run itself, relaunched into its folder (with another launch setting), resumes there
+    again = _run(tmp_path, "-m", "kevin_exp.train", *run, "resources=cpu", f"run_dir={folder}")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert len(json.loads((folder / "meta.json").read_text())["starts"]) == 2
+
 
 def test_a_kernelbench_folder_with_the_wrong_layout_names_the_folder_and_the_fix(tmp_path):
     root = _kernelbench_with_wrong_layout(tmp_path)

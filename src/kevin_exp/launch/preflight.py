@@ -2,15 +2,18 @@
 
 ``preflight(config_name, argv)`` expands a multirun into its points the way Hydra's basic sweeper does
 (command-line sweeps and a sweep file's ``hydra.sweeper.params``), composes each, and checks its settings
-(``config.to_typed``) and its inputs (tasks, model path, checkpoint, the trainer's GPU, memory:
-``check_run_inputs``). A bad point is one ``UserError`` naming the setting, the value and what is allowed,
+(``config.to_typed``), its inputs (tasks, model path, checkpoint, the trainer's GPU, memory:
+``check_run_inputs``) and the folders it writes (``check_job_folders``, ``check_sweep_files``: writable, and no
+other run's). A bad point is one ``UserError`` naming the setting, the value and what is allowed,
 raised before any run folder, ledger line, model, compiler or cluster is touched. Hydra's own composition errors (an unknown key,
 a value of the wrong type, a missing group option) are translated into the same one-line form.
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib.util
+import os
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,6 +28,8 @@ from kevin_exp.launch.ranks import check_trainer_for_ranks
 from kevin_exp.launch.resources import uses_gpu
 from kevin_exp.launch.slurm_checks import check_cluster_reachable, check_points
 from kevin_exp.models.loading import check_model_path
+from kevin_exp.records.run_records import file_problem, folder_problem
+from kevin_exp.run.folder import RUN_LOCK
 from kevin_exp.run.setup import load_task_pool
 from kevin_exp.trainer.checkpoint import find_checkpoint
 
@@ -197,6 +202,103 @@ def installed(package: str) -> bool:
         return False
 
 
+def _hydra_setting(cfg: DictConfig, key: str) -> str | None:
+    """A path setting of Hydra's as the job will see it (its ``${hydra:...}`` interpolations read the running
+    job's Hydra config), or None where that is only known once the job runs (``${hydra:job.num}``)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf.errors import OmegaConfBaseException
+
+    holder = HydraConfig.instance()
+    saved, job = holder.cfg, copy.deepcopy(cfg)
+    try:
+        holder.set_config(job)
+        value = OmegaConf.select(job, key)
+    except OmegaConfBaseException:
+        return None
+    finally:
+        holder.cfg = saved
+    return None if value is None else str(value)
+
+
+# how a run gets a folder of its own, by the setting that named the folder
+_OTHER_FOLDER = {"run_dir": "another run_dir, or none: the job's folder named by its overrides",
+                 "hydra.run.dir": "another hydra.run.dir", "hydra.sweep.dir": "another sweep_name or hydra.sweep.dir"}
+
+
+def job_folders(cfg: DictConfig, typed: TrainConfig, multirun: bool) -> list[tuple[str, Path]]:
+    """The folders a job writes, each with the setting that names it: its records' (``run_dir``) and Hydra's
+    (``.hydra/`` and the job's log: ``hydra.run.dir``, or in a sweep ``hydra.sweep.dir``/``hydra.sweep.subdir``)."""
+    named = [("run_dir", typed.run_dir, typed.run_dir)] if typed.run_dir else []
+    if multirun:
+        sweep, subdir = _hydra_setting(cfg, "hydra.sweep.dir"), _hydra_setting(cfg, "hydra.sweep.subdir")
+        if sweep is not None and subdir is not None:
+            named.append(("hydra.sweep.dir", sweep, os.path.join(sweep, subdir)))
+    else:
+        run = _hydra_setting(cfg, "hydra.run.dir")
+        if run is not None:
+            named.append(("hydra.run.dir", run, run))
+    folders: dict[Path, str] = {}
+    for key, value, folder in named:
+        folders.setdefault(Path(os.path.abspath(folder)), f"{key}={value}")
+    return [(setting, folder) for folder, setting in folders.items()]
+
+
+def run_identity(overrides: Iterable[str], launch_keys: set[str]) -> list[str]:
+    """What makes two launches one run, as it makes the job's folder name: its overrides, less the launch
+    settings (``hydra.job.config.override_dirname.exclude_keys``, which never change results) and Hydra's own."""
+    identity = []
+    for line in overrides:
+        key = line.split("=", 1)[0].lstrip("+~")
+        if key not in launch_keys and re.split(r"[./]", key)[0] != "hydra":
+            identity.append(line.lstrip("+"))
+    return sorted(identity)
+
+
+def _holds_a_run(folder: Path) -> bool:
+    """Anything besides what Hydra writes before the job starts (``.hydra/``, the job's log) and the writer's lock."""
+    return any(p.name not in (".hydra", RUN_LOCK) and p.suffix != ".log" for p in folder.iterdir())
+
+
+def check_job_folders(cfg: DictConfig, typed: TrainConfig, multirun: bool) -> None:
+    """Every folder the job writes can be made and written by this user, and none holds another run: a folder
+    whose ``.hydra/overrides.yaml`` names other settings (a run relaunched with its own settings, whatever its
+    launch settings, resumes in its folder)."""
+    launch_keys = set(cfg.hydra.job.config.override_dirname.exclude_keys)
+    mine = run_identity(cfg.hydra.overrides.task, launch_keys)
+    for setting, folder in job_folders(cfg, typed, multirun):
+        key = setting.split("=", 1)[0]
+        problem = folder_problem(folder)
+        if problem:
+            raise ConfigError(f"{setting}: {problem}; give {key}=<a folder this user can write>")
+        saved = folder / ".hydra" / "overrides.yaml"
+        if not saved.is_file() or not _holds_a_run(folder):
+            continue
+        try:
+            theirs = run_identity([str(o) for o in OmegaConf.load(saved)], launch_keys)
+        except Exception:  # a file that is not Hydra's list of overrides says nothing about the run
+            continue
+        if theirs != mine:
+            here = " ".join(o for o in mine if o not in theirs) or "none"
+            there = " ".join(o for o in theirs if o not in mine) or "none"
+            raise ConfigError(
+                f"{setting}: {folder} holds another run, whose records this one would overwrite (settings only this "
+                f"run has: {here}; only that run has: {there}); give this run a folder of its own ({_OTHER_FOLDER[key]}), "
+                "or delete that folder to start over. Relaunching that run with its own settings resumes it")
+
+
+def check_sweep_files(cfg: DictConfig) -> None:
+    """A sweep's folder and its ledger file can be written (the ledger line is appended before any job runs)."""
+    sweep = _hydra_setting(cfg, "hydra.sweep.dir")
+    problem = folder_problem(sweep) if sweep is not None else None
+    if problem:
+        raise ConfigError(f"hydra.sweep.dir={sweep}: {problem}; give hydra.sweep.dir=<a folder this user can write>")
+    ledger = OmegaConf.select(cfg, "hydra.callbacks.ledger.path")
+    problem = file_problem(ledger) if ledger else None
+    if problem:
+        raise ConfigError(f"hydra.callbacks.ledger.path={ledger}: {problem}; give hydra.callbacks.ledger.path=<a file "
+                          "in a folder this user can write>")
+
+
 def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True, runs_here: bool = True) -> None:
     """What a run needs besides valid settings: its tasks, its model's weights, its checkpoint, (where it runs
     on this machine) the GPU its trainer.device names, and (on a GPU) enough memory. Raises a UserError naming
@@ -245,11 +347,14 @@ def preflight(config_name: str, argv: list[str]) -> list[TrainConfig]:
     for point in points:
         cfg = composer.compose(point)
         check_sweep_has_multirun(cfg, bool(args.multirun))
+        if args.multirun and not args.cfg and not checked:
+            check_sweep_files(cfg)  # the sweep's, the same for every point
         try:
             typed = to_typed(cfg)
             if not args.cfg:
                 here = not launched_by_cluster(cfg)  # a cluster's job runs on a node of its own
                 check_run_inputs(typed, composer.entry, memory_check=here, runs_here=here)
+                check_job_folders(cfg, typed, bool(args.multirun))
         except UserError as e:
             swept = [o for o in point if o not in args.overrides]
             raise type(e)(f"{e} (in the sweep point {' '.join(swept)})" if len(points) > 1 else str(e)) from None

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kevin_exp.errors import EXIT_USER_ERROR, UserError, report
 from kevin_exp.launch.world import context_from_env
-from kevin_exp.records.run_records import JsonlWriter, git_state, read_jsonl
+from kevin_exp.records.run_records import JsonlWriter, file_problem, folder_problem, git_state, read_jsonl
 
 SWEEP_FILE = "sweep.json"
 
@@ -63,6 +63,13 @@ class SweepLedger(Callback):
         hydra_cfg = config.hydra
         sweep_dir = Path(hydra_cfg.sweep.dir).resolve()
         params = OmegaConf.to_container(hydra_cfg.sweeper.params, resolve=True) if hydra_cfg.sweeper.get("params") else {}
+        # preflight checks these before Hydra starts; a launch that skipped it must not leave a line for a sweep
+        # that cannot run either
+        for setting, problem in ((f"hydra.sweep.dir={hydra_cfg.sweep.dir}", folder_problem(sweep_dir)),
+                                 (f"hydra.callbacks.ledger.path={self.path}", file_problem(self.path))):
+            if problem:
+                report(UserError(f"{setting}: {problem}; give {setting.split('=')[0]}=<a path this user can write>"))
+                raise SystemExit(EXIT_USER_ERROR)
         if config.get("sweep_name"):
             # a named sweep owns its directory (relaunching it continues it); an unnamed one gets a new
             # date-time directory each launch

@@ -67,6 +67,30 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def folder_problem(folder: Path | str) -> str | None:
+    """Why this process could not make ``folder`` (with its parents) and write in it, or None: the nearest part
+    of the path that exists must be a folder it may write into and enter. Checked before anything is made, so
+    a refused launch leaves nothing behind."""
+    path = Path(folder).absolute()
+    existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
+    if not existing.is_dir():
+        what = "a file" if existing.is_file() else "a broken link" if existing.is_symlink() else "not a folder"
+        return f"{existing} is {what}, so no folder can be made there"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable by this user (uid {os.getuid()})"
+    return None
+
+
+def file_problem(path: Path | str) -> str | None:
+    """Why this process could not append to the file ``path`` (making it and its folder if need be), or None."""
+    path = Path(path).absolute()
+    if os.path.lexists(path):
+        if path.is_dir():
+            return f"{path} is a folder, not a file"
+        return None if os.access(path, os.W_OK) else f"{path} is not writable by this user (uid {os.getuid()})"
+    return folder_problem(path.parent)
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
