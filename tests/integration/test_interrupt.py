@@ -254,7 +254,7 @@ def test_an_evaluation_stopped_by_ctrl_c_keeps_its_finished_batches_and_the_prin
     args = [*SYNTHETIC[:4], ids, "eval.n_trajectories=2", "eval.n_turns=2", "eval.tasks_per_batch=2",
             f"hydra.run.dir={out}"]
     run = Launch(["-m", "kevin_exp.evaluate", *args], REPO)
-    run.wait_for(r"step 2/3 turn 1 group 1")  # the first batch is written, the second generating its second turn
+    run.wait_for(r"batch 2/3 turn 1 group 1")  # the first batch is written, the second generating its second turn
     run.ctrl_c()
     code, output = run.stopped()
     said = _assert_clean_stop(code, output)

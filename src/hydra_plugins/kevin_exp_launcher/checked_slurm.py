@@ -1,9 +1,12 @@
 """submitit's SLURM launcher, with kevin-exp's pre-submission checks (kevin_exp.launch.slurm_checks) and a line per
-submitted job: its overrides, SLURM job id, run folder and log folder. A Ctrl-C while it waits for the jobs stops the
-waiting only: the jobs keep running, and the message says how to follow and stop them."""
+submitted job: its overrides, SLURM job id, run folder and log folder. While it waits for the jobs it prints how many
+are done, running and pending, and the time to the end of the sweep once a job has ended (``wait_reporting``). A
+Ctrl-C while it waits for the jobs stops the waiting only: the jobs keep running, and the message says how to follow
+and stop them."""
 from __future__ import annotations
 
 import functools
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -15,6 +18,7 @@ from omegaconf import DictConfig, open_dict
 
 from kevin_exp.errors import LaunchError
 from kevin_exp.launch.slurm_checks import check_cluster_reachable, check_points, job_config
+from kevin_exp.records.progress import sweep_line
 from kevin_exp.run.signals import say_on_ctrl_c
 
 if TYPE_CHECKING:
@@ -41,6 +45,8 @@ class CheckedSlurmLauncher(SlurmLauncher):
                       f"logs: {job.paths.folder}/", flush=True)
             sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
             say_on_ctrl_c(functools.partial(left_running, [job.job_id for job in jobs], sweep_dir))
+            # the parent then waits on each job's result in turn, saying nothing: wait here, saying how far it is
+            wait_reporting(jobs)
 
         with _on_submission(report):
             return super().launch(job_overrides, initial_job_idx)
@@ -53,6 +59,67 @@ def left_running(job_ids: list[str], sweep_dir: Path) -> list[str]:
             "running and write their records as usual",
             f"sweep folder: {sweep_dir} (the run folder of each job is on its line above)",
             f"follow them: squeue -j {','.join(arrays)}; stop them: scancel {' '.join(arrays)}"]
+
+
+# the launcher's lines while it waits: a poll of SLURM's accounting (one sacct for every job) this often, a line
+# when the counts change, and one at least this often while they do not
+POLL_S = 30.0
+QUIET_S = 600.0
+RUNNING_STATES = ("RUNNING", "COMPLETING")
+FAILED_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
+
+
+def wait_reporting(jobs: Sequence[submitit.Job], poll_s: float = POLL_S, quiet_s: float = QUIET_S) -> None:
+    """Waits until every job has ended, printing ``sweep_line`` (kevin_exp/records/progress.py) when the counts
+    change (or every ``quiet_s``). A job's time runs from the poll that first saw it running to the one that saw it
+    end (a requeued job's includes its wait in the queue); the time left is estimated from the jobs that ended well,
+    over as many jobs at once as were seen running at once. Should the status fail, the parent's plain wait takes
+    over."""
+    t0, last_line, last_counts = time.monotonic(), float("-inf"), None
+    started: dict[str, float] = {}
+    ended: set[str] = set()
+    durations: list[float] = []
+    parallel = 0
+    try:
+        while True:
+            _refresh(jobs[0])
+            now = time.monotonic()
+            failed = running = pending = 0
+            for job in jobs:
+                state = str(job.state).upper()
+                if job.job_id in ended or job.done():
+                    if job.job_id not in ended:
+                        ended.add(job.job_id)
+                        if not state.startswith(FAILED_STATES) and job.job_id in started:
+                            durations.append(now - started[job.job_id])
+                    failed += state.startswith(FAILED_STATES)
+                elif state.startswith(RUNNING_STATES):
+                    running += 1
+                    started.setdefault(job.job_id, now)
+                else:
+                    pending += 1
+            parallel = max(parallel, running)
+            counts = (len(ended), failed, running, pending)
+            if counts != last_counts or now - last_line >= quiet_s:
+                running_s = [now - started[j.job_id] for j in jobs
+                             if j.job_id in started and j.job_id not in ended]
+                print(sweep_line(len(jobs), len(ended), failed, running, pending, durations, running_s, parallel,
+                                 now - t0), flush=True)
+                last_line, last_counts = now, counts
+            if len(ended) == len(jobs):
+                return
+            time.sleep(poll_s)
+    except Exception as e:  # noqa: BLE001 - the sweep goes on; only its status lines stop
+        print(f"sweep: no status from SLURM ({type(e).__name__}: {e}); waiting for the jobs quietly", flush=True)
+
+
+def _refresh(job: submitit.Job) -> None:
+    """One sacct for every job of the sweep (the jobs registered with their class's watcher when made); a job whose
+    state is read from its own process (submitit's local jobs) has no watcher to refresh."""
+    try:
+        job.watcher.update()
+    except NotImplementedError:
+        pass
 
 
 @contextmanager

@@ -7,13 +7,19 @@ implements it with Hugging Face ``generate`` on the policy's own device, samplin
 ``rl.sampling.processed_logits`` (the function the learner scores with) and recording each sampled token's
 log-probability under that processed distribution. Outputs are a pure function of (prompts, seed, weights)
 and leave the caller's RNG state untouched.
+
+Progress within a call: a caller that wants it wraps the call in ``reporting_progress(listener)``; a generator that
+can tell (``HFGenerator``) then calls ``listener(sequences finished, tokens drawn by the batch it samples now)`` as
+it goes. It is a context variable rather than an argument so that the ``Generator`` interface stays as it is for
+the generators that cannot tell (vLLM's offline ``generate``, scripted responses).
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
 from transformers import (
@@ -28,6 +34,20 @@ from transformers import (
 
 from kevin_exp.models import Policy
 from kevin_exp.rl.sampling import processed_logits
+
+# (sequences finished, tokens drawn by the batch being sampled) -> None; set by reporting_progress
+ProgressListener = Callable[[int, int], None]
+_listener: contextvars.ContextVar[ProgressListener | None] = contextvars.ContextVar("generation_progress", default=None)
+
+
+@contextlib.contextmanager
+def reporting_progress(listener: ProgressListener | None) -> Iterator[None]:
+    """generate() calls made in this context (on this thread) report their progress to ``listener`` (module doc)."""
+    token = _listener.set(listener)
+    try:
+        yield
+    finally:
+        _listener.reset(token)
 
 
 @dataclass
@@ -122,9 +142,11 @@ class _DrawnTokenLogprobs(StoppingCriteria):
     stop string, noting the first step each row was ended that way (``stop_steps``)."""
 
     def __init__(self, distribution: _SampledDistribution, stop_strings: StopStringCriteria | None = None,
-                 prompt_width: int = 0) -> None:
+                 prompt_width: int = 0, on_token: Callable[[int], None] | None = None) -> None:
         self.distribution = distribution
         self.stop_strings, self.prompt_width = stop_strings, prompt_width
+        # called with the number of tokens drawn so far (a progress display)
+        self.on_token = on_token
         # kept on the model's device (no host sync per step); stacked once generate returns
         self.columns: list[torch.Tensor] = []
         self._stop_steps: torch.Tensor | None = None
@@ -134,6 +156,8 @@ class _DrawnTokenLogprobs(StoppingCriteria):
         assert step_logp is not None, "generate called the stopping criteria before the logits processors"
         self.columns.append(step_logp.gather(-1, input_ids[:, -1:]).squeeze(-1))
         self.distribution.step_logp = None
+        if self.on_token is not None:
+            self.on_token(len(self.columns))
         if self.stop_strings is None:
             return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         # only the response is matched: a stop string may not begin inside the prompt
@@ -215,15 +239,20 @@ class HFGenerator(SharesTheLearnersWeights):
         model.generation_config = config
         model.eval()
         out: list[Generation | None] = [None] * len(prompts)
+        report, finished = _listener.get(), 0
         try:
             with torch.no_grad():
                 calls = plan_calls([len(p) for p in prompts], max_new_tokens, self.batch_size, self.batch_tokens)
                 for index, rows in enumerate(calls):
+                    on_token = None if report is None else lambda tokens, before=finished: report(before, tokens)
                     generations = self._chunk([prompts[i] for i in rows], config, max_new_tokens, temperature,
                                               top_p, call_seed(seed, index),
-                                              [seeds[i] for i in rows] if per_row else None)
+                                              [seeds[i] for i in rows] if per_row else None, on_token)
                     for i, generation in zip(rows, generations):
                         out[i] = generation
+                    finished += len(rows)
+                    if report is not None:
+                        report(finished, 0)
         finally:
             model.generation_config = defaults
             model.train(was_training)
@@ -250,7 +279,8 @@ class HFGenerator(SharesTheLearnersWeights):
         return config
 
     def _chunk(self, prompts: list[list[int]], config: GenerationConfig, max_new_tokens: int, temperature: float,
-               top_p: float, seed: int, row_seeds: list[int] | None = None) -> list[Generation]:
+               top_p: float, seed: int, row_seeds: list[int] | None = None,
+               on_token: Callable[[int], None] | None = None) -> list[Generation]:
         device = self.policy.model.device
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -263,7 +293,7 @@ class HFGenerator(SharesTheLearnersWeights):
             config.max_cache_len = -(-(width + max_new_tokens) // step) * step
         generators = None if row_seeds is None else [torch.Generator(device=device).manual_seed(int(r)) for r in row_seeds]
         distribution = _SampledDistribution(temperature, top_p, generators)
-        recorder = _DrawnTokenLogprobs(distribution, self._stop_strings, width)
+        recorder = _DrawnTokenLogprobs(distribution, self._stop_strings, width, on_token)
         with _forked_rng(device, seed):
             sequences = self.policy.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                                    generation_config=config,

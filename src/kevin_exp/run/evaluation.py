@@ -112,7 +112,7 @@ class EvaluationRun:
     def fit(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         todo = [(n, b) for n, b in enumerate(self.batches(), start=1) if any(t.problem_id not in self.done_tasks for t in b)]
-        progress = Progress(cfg.logger.progress, len(todo), 0, cfg.eval.n_turns)
+        progress = Progress(cfg.logger.progress, len(todo), 0, cfg.eval.n_turns, unit="batch")
         settings = rollout_settings(cfg, cfg.eval.n_trajectories, cfg.eval.n_turns, cfg.rollout.schedule)
         summaries = []
         try:
@@ -121,7 +121,9 @@ class EvaluationRun:
                 seed = step_seed(cfg.seed, sum(self.pool.index(t) for t in batch))
                 samples, times = run_rollout(batch, self.generator, self.env, self.parts.encode_prompt,
                                              self.parts.count_tokens, settings, seed=seed,
-                                             on_turn=lambda turn, group, s: progress.turn(k, turn, 0, s))
+                                             on_turn=lambda turn, group, s: progress.turn(k, turn, 0, s),
+                                             on_progress=(lambda counts: progress.within(k, counts))
+                                             if progress.mode != "none" else None)
                 assign_credit(samples, cfg)
                 raise_if_stopping()  # verdicts given after a Ctrl-C are the stopped evaluator's, never recorded
                 self.records.append_turns([turn_row(self.run_id, "eval", self.policy_step, s, self.settings,
@@ -131,6 +133,7 @@ class EvaluationRun:
                 summaries.append({"batch": number, "tasks": [t.problem_id for t in batch], "correct_ratio": correct,
                                   "generate_s": times.generate_s, "evaluate_s": times.evaluate_s})
                 log.info("evaluated %s: %.0f%% of kernels correct", ", ".join(t.problem_id for t in batch), 100 * correct)
+                progress.done(k)
         finally:
             progress.close()
             self.metric_logger.close()

@@ -227,7 +227,10 @@ class TrainingRun:
         samples, times = run_rollout(tasks, self.generator, self.env, parts.encode_prompt, parts.count_tokens,
                                      rollout_settings(cfg, cfg.n_trajectories, cfg.n_turns, cfg.rollout.schedule),
                                      seed=step_seed(cfg.seed, step) + ctx.rank,
-                                     on_turn=lambda turn, group, s: progress.turn(step, turn, group, s) if ctx.is_main else None)
+                                     on_turn=lambda turn, group, s: progress.turn(step, turn, group, s) if ctx.is_main else None,
+                                     # within a turn: rank 0's share (the other ranks show nothing)
+                                     on_progress=(lambda counts: progress.within(step, counts))
+                                     if ctx.is_main and progress.mode != "none" else None)
         assign_credit(samples, cfg)
         return StepRollout(samples, times, staleness, time.perf_counter())
 
