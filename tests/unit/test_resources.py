@@ -184,7 +184,8 @@ def test_a_model_too_large_for_this_machines_memory_is_refused_when_it_trains_on
     default model fits all of them."""
     big = compose_train(["model=32b", "model.source=random", "rollout.env=synthetic", "trainer.device=cpu"])
     with pytest.raises(ResourceError, match=r"(?s)model=32b .* trains on the CPU here .* does not fit this machine's "
-                                            r"memory: its states and process alone take about \d+ GB against \d+ GB usable .*fix: a smaller model"):
+                                            r"memory: its states and process alone take about \d+ GB against "
+                                            r"\d+ GB usable .*fix: a smaller model"):
         check_host_training(big)
     small = check_host_training(compose_train(["trainer.device=cpu"]))
     assert small.states_gb + small.host_processes_gb < 10 < host_memory_gb()
