@@ -102,9 +102,12 @@ def test_a_two_rank_run_continues_as_one_rank_and_then_as_two(straight, tmp_path
     assert [m["world_size"] for m in again] == [2] * STEPS + [1, 2]
     assert again[:STEPS + 1] == metrics
     assert (run_dir / "checkpoints" / f"step_{STEPS + 1:06d}" / "universal").is_dir()
-    # the new checkpoint is one rank's, and its consolidated weights load as any policy checkpoint
+    # the step made on one rank has a one-rank checkpoint, the newest is the two ranks'; its consolidated weights
+    # load as any policy checkpoint's
+    one_rank = run_dir / "checkpoints" / f"step_{STEPS + 1:06d}"
+    assert json.loads((one_rank / "state.json").read_text())["world_size"] == 1
     last = find_checkpoint(run_dir)
-    assert json.loads((last / "state.json").read_text())["world_size"] == 1
+    assert last.name == f"step_{STEPS + 2:06d}" and json.loads((last / "state.json").read_text())["world_size"] == 2
     assert (last / POLICY_FILE).is_file()
     from kevin_exp.config import ModelConfig
     from kevin_exp.models import load_policy

@@ -308,7 +308,7 @@ def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True, ru
     pool = load_task_pool(cfg.tasks)
     if entry == "train":
         check_groups(cfg, len(pool))
-    check_model_path(cfg.model)
+    check_model_path(cfg.model, loads_here=runs_here)
     if entry == "evaluate" and cfg.checkpoint:
         find_checkpoint(cfg.checkpoint)
     if entry == "train":

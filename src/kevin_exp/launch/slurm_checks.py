@@ -61,7 +61,7 @@ def check_points(points: Sequence[tuple[Sequence[str], TrainConfig]], launcher_g
                         "one job shape: launch each resources= choice as its own sweep")
     for overrides, cfg in points:
         try:
-            check_model_path(cfg.model)
+            check_model_path(cfg.model, loads_here=False)
         except ModelConfigError as e:
             problems.append(f"point [{' '.join(overrides) or 'no overrides'}]: {e}")
         if cfg.resources.gpus_per_node <= 0 and not launcher_gpus:

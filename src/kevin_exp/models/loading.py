@@ -49,10 +49,14 @@ class ModelConfigError(UserError):
     """A model setting that cannot load (bad path, source, dtype, shape): the message names the key and the fix."""
 
 
-def check_model_path(cfg: ModelConfig) -> None:
-    """What can be checked before a job starts (on a login node, say): a local model path exists."""
+def check_model_path(cfg: ModelConfig, loads_here: bool = True) -> None:
+    """What can be checked before a job starts: a local model path exists; and, where the run loads the model on
+    this machine, that a hub id is in the hub cache or the hub answers (a cluster's login node may see neither
+    what its compute nodes see)."""
     if _check_source(cfg) == "hf":
-        _hf_path(cfg)
+        path = _hf_path(cfg)
+        if loads_here and not os.path.isdir(path):
+            _check_hub_model(cfg, path)
 
 
 @dataclass
@@ -155,8 +159,6 @@ def _hf_path(cfg: ModelConfig) -> str:
     if looks_local and not os.path.isdir(path):
         raise ModelConfigError(f"model.path={cfg.path!r} is not an existing folder: point model.path at a model folder "
                          "(config.json + weights) or a hub id")
-    if not os.path.isdir(path):
-        _check_hub_model(cfg, path)
     return path
 
 
