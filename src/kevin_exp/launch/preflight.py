@@ -259,11 +259,15 @@ def _holds_a_run(folder: Path) -> bool:
     return any(p.name not in (".hydra", RUN_LOCK) and p.suffix != ".log" for p in folder.iterdir())
 
 
+# settings a run may be relaunched with to continue it: more steps trains the same run on
+CONTINUING_KEYS = ("steps",)
+
+
 def check_job_folders(cfg: DictConfig, typed: TrainConfig, multirun: bool) -> None:
     """Every folder the job writes can be made and written by this user, and none holds another run: a folder
     whose ``.hydra/overrides.yaml`` names other settings (a run relaunched with its own settings, whatever its
     launch settings, resumes in its folder)."""
-    launch_keys = set(cfg.hydra.job.config.override_dirname.exclude_keys)
+    launch_keys = set(cfg.hydra.job.config.override_dirname.exclude_keys) | set(CONTINUING_KEYS)
     mine = run_identity(cfg.hydra.overrides.task, launch_keys)
     for setting, folder in job_folders(cfg, typed, multirun):
         key = setting.split("=", 1)[0]
