@@ -163,6 +163,18 @@ def fingerprint(v: Any) -> str | None:
     return _plain(v, 3, 256, 200) if isinstance(v, list) else f"must be a list, not {_kind(v)}"
 
 
+def seconds_by_name(max_items: int, max_chars: int) -> Check:
+    """An object of names to durations (``loaded.load_phases``): each key a short name, each value seconds."""
+    seconds = number(0.0, 1e6)
+
+    def check(v: Any) -> str | None:
+        if not isinstance(v, dict):
+            return f"must be an object, not {_kind(v)}"
+        why = _plain(v, 1, max_items, max_chars)
+        return why or next((f"{k}: {w}" for k, x in v.items() if (w := seconds(x))), None)
+    return check
+
+
 def plain(depth: int, max_items: int, max_chars: int) -> Check:
     """Plain JSON data (a fingerprint, a build spec): bounded nesting, list lengths, strings and numbers."""
     return lambda v: _plain(v, depth, max_items, max_chars)
@@ -222,7 +234,7 @@ RUNNER: dict[str, Message] = {
     "ready": Message(optional={"i": CALL_INDEX, "busy_ms": MILLISECONDS, "fingerprint": fingerprint}),
     "problem_ready": Message(),
     "device_region": Message({"where": choice("device", "host")}, {"why": text(1000)}),
-    "loaded": Message({"device": text(200), "load_s": number(0.0, 1e6)}, {"load_phases": plain(1, 16, 40)}),
+    "loaded": Message({"device": text(200), "load_s": number(0.0, 1e6)}, {"load_phases": seconds_by_name(16, 40)}),
     "ran": Message({"i": CALL_INDEX, "ms": nullable(MILLISECONDS)}),
     "done": Message({"i": CALL_INDEX, "outputs": header, "after": header},
                     {"shape": header, "busy_ms": MILLISECONDS}),
