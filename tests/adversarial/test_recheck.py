@@ -232,31 +232,49 @@ def test_honest_kernel_still_passes(verdicts):
     assert HONEST
 
 
+_ELEMENT = "{ float v = in[i]; o[i] = (v > 0.f ? v : 0.f) + 0.5f * v; }"
+# the same result through sixteen dependent additions of a sixteenth (exact to ~1e-6): a call several times the
+# path around it, which copies the output and the inputs back (as long as the plain kernel on this problem)
+_SLOW_ELEMENT = ("{ float v = in[i], y = ((v > 0.f ? v : 0.f) + 0.5f * v) * 0.0625f, s = 0.f;"
+                 " for (int j = 0; j < 16; ++j) s += y; o[i] = s; }")
+
+
+def _slow_loop(source: str) -> str:
+    assert source.count(_ELEMENT) == 1
+    return source.replace(_ELEMENT, _SLOW_ELEMENT)
+
+
 def test_slowed_clock_gains_nothing_when_only_the_outside_clock_stands_in_its_way(build_cache):
-    """The same attack with the static rule that refuses its includes switched off, and the runner's system-call
-    filter too (it refuses making code writable: test_after_the_clock.py), so the runner's clock really runs slow:
-    the parent's clock, which brackets only the call, bounds the time the speedup uses. On an input four times the
-    usual (about 1 ms a call on one core), so that what the lie hides (60% of the call) stands
-    well above the noise of the path around a call on a busy machine (0.1-0.3 ms)."""
+    """The same attack with the static rule that refuses its includes switched off, the runner's system-call
+    filter too (it refuses making code writable: test_after_the_clock.py), and the hidden-time check, so the
+    runner's clock really runs slow and only the parent's clock, which brackets the call, bounds the time the
+    speedup uses. What the bound cannot know is how much of the outside time is the path around the call (the
+    calibration's measure of it, subtracted); the liar gains what that measure is off, which on a kernel no
+    longer than its path (the plain loop: copying the output and inputs back costs as much) is a large share of
+    the call on some machines (4x its twin on one CI machine, 1.26x here). So a kernel several times its path:
+    the attack and its twin run the same slower loop on an input four times the usual."""
     from kevin_exp.bench import CheckRules
-    from tests.adversarial.attacks import PROBLEM, config
+    from tests.adversarial.attacks import HONEST, PROBLEM, config
     from tests.adversarial.conftest import evaluate_attacks
 
     problem = PROBLEM.replace('{"M": 256, "N": 2048}', '{"M": 1024, "N": 2048}')
     assert problem != PROBLEM
-    attack = Attack("slowed_clock_past_the_static_rules", SLOW_CLOCK, stopped("suspect"), gain=True, problem=problem)
-    cfg = config(build_cache, rules=CheckRules(restrict_imports=False), forbid_new_tasks=False)
+    attack = Attack("slowed_clock_past_the_static_rules", _slow_loop(SLOW_CLOCK), stopped("suspect"), gain=True,
+                    problem=problem, honest=_slow_loop(HONEST))
+    cfg = config(build_cache, rules=CheckRules(restrict_imports=False), forbid_new_tasks=False,
+                 hidden_time_check=False)
     for attempt in range(3):  # measured again on a failure, like judge() (timing noise of a 2-core box)
         bad, good = evaluate_attacks([attack], cfg)[attack.name]
         try:
-            if bad.status.value == "ok":
-                timing = bad.extra["timing"]
-                assert timing["used"] == "outside_bound" and timing["reported_ms"] < good.extra["timing"]["reported_ms"], timing
+            assert bad.status.value == "ok", bad.reason
+            timing = bad.extra["timing"]
+            assert timing["used"] == "outside_bound" and timing["reported_ms"] < good.extra["timing"]["reported_ms"], timing
             judge(attack, bad, good)
             return
-        except AssertionError:
+        except AssertionError as exc:
             if attempt == 2:
-                raise
+                raise AssertionError(f"{exc}\nattack timing: {bad.extra.get('timing')}\n"
+                                     f"twin timing: {good.extra.get('timing')}") from None
 
 
 def test_one_fast_looking_call_does_not_set_the_time_under_the_minimum(build_cache):

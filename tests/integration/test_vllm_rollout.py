@@ -89,14 +89,17 @@ def test_two_zero3_ranks_push_the_learners_whole_weights_to_their_engines(push_r
 
 def test_the_pushed_weights_of_two_ranks_are_those_of_one(push_runs):
     """Before training the engines hold the initial weights exactly. After a step, fp32: the ranks sum each
-    gradient's terms in another order, and Adam divides a near-zero gradient by its own magnitude, so an element
-    whose gradient is ~eps moves by up to ~1% of the step's lr (3.3e-3 in the first, warm-up step) apart; a sample
-    lost or counted twice moves the weights it touches by the order of the lr, 30x the tolerance."""
+    gradient's terms in another order, and Adam divides a gradient by its own magnitude, so an element whose
+    gradient is near Adam's eps moves by anything up to the step's lr (3.3e-3 in the first, warm-up step) apart
+    (1e-4 seen on one element in 16k). Such elements are rare; a sample lost or counted twice moves every weight
+    it touches (each dense weight, its tokens' rows) by the order of the lr: far more than 0.1% of a tensor's
+    elements beyond 1e-4."""
     two, one = push_runs[2][0], push_runs[1][0]
     for name, value in one["rounds"][0]["engine"].items():
         assert torch.equal(two["rounds"][0]["engine"][name], value), name
     for name, value in one["rounds"][1]["engine"].items():
-        torch.testing.assert_close(two["rounds"][1]["engine"][name], value, rtol=0, atol=1e-4)
+        apart = (two["rounds"][1]["engine"][name] - value).abs()
+        assert (apart > 1e-4).float().mean().item() <= 1e-3 and apart.max().item() <= 2 * 3.3e-3, (name, apart.max())
 
 
 def test_the_consolidated_state_without_a_whole_copy_is_gathered_on_rank_0(push_runs):
