@@ -178,6 +178,19 @@ def test_32b_on_one_gpu_stops_with_the_numbers_and_the_fix():
     assert "larger GPUs" not in text
 
 
+def test_a_run_on_this_machine_is_checked_against_its_real_gpu_when_that_is_smaller():
+    """A 3B shape under one process fits the 80 GB that resources=gpu1 assumes; on a 24 GB GPU here it does not,
+    and the refusal names the GPU's real size. A GPU larger than the setting leaves the setting in charge."""
+    cfg = resolved(["model=qwen25_3b_random", "rollout.env=synthetic", "trainer=torch"])
+    assert check_resources(cfg).per_gpu_gb < 0.9 * 80
+    with pytest.raises(ResourceError) as err:
+        check_resources(cfg, local_gpu_gb=24.0)
+    text = str(err.value)
+    assert "against 22 GB usable (90% of this machine's 24 GB GPU; resources.gpu_memory_gb=80 is more than it has)" in text
+    assert "fix:" in text
+    assert check_resources(cfg, local_gpu_gb=141.0) == check_resources(cfg)
+
+
 def test_a_model_too_large_for_this_machines_memory_is_refused_when_it_trains_on_the_cpu():
     """No GPU: the policy's states live in host memory, which the check compares with this machine's. A 32B
     shape (weights, gradients and AdamW states alone are over 250 GB) fits no machine that runs these tests; the

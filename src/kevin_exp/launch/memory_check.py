@@ -17,8 +17,13 @@ from kevin_exp.launch.resources import MemoryEstimate, MemoryLayout, ResourceErr
 PROFILES_DIR = Path(__file__).resolve().parents[3] / "conf" / "resources"
 
 
-def _budget(cfg: TrainConfig) -> float:
-    return cfg.resources.gpu_memory_gb * cfg.resources.max_memory_fraction
+def local_gpu_memory_gb() -> float | None:
+    """The memory of this machine's smallest visible CUDA GPU, in GB; None without one."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return None
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / 1e9
 
 
 def candidate_changes(x: MemoryLayout) -> list[tuple[str, dict[str, Any]]]:
@@ -89,23 +94,28 @@ def fixes_for(x: MemoryLayout, gpu_budget_gb: float) -> list[str]:
     return []
 
 
-def check_resources(cfg: TrainConfig) -> MemoryEstimate:
+def check_resources(cfg: TrainConfig, local_gpu_gb: float | None = None) -> MemoryEstimate:
     """Raises ResourceError naming the numbers and the fixes when the estimate does not fit one GPU or the
-    node's host memory."""
+    node's host memory. ``local_gpu_gb``: the memory of the GPUs of this machine, where the run trains here; when
+    it is less than ``resources.gpu_memory_gb`` the check uses it."""
     x = layout_of(cfg)
     est = estimate(x)
     r = cfg.resources
-    budget = _budget(cfg)
+    measured = local_gpu_gb is not None and local_gpu_gb < r.gpu_memory_gb
+    gpu_gb = local_gpu_gb if measured else r.gpu_memory_gb
+    budget = gpu_gb * r.max_memory_fraction
     if not r.check:
         return est
     problems = []
     if est.per_gpu_gb > budget:
-        fixes = fixes_for(x, budget) + profile_fixes(x, r.gpu_memory_gb, r.max_memory_fraction) + [
+        fixes = fixes_for(x, budget) + profile_fixes(x, gpu_gb, r.max_memory_fraction) + [
             "resources.check=false to launch anyway"]
+        size = (f"this machine's {gpu_gb:.0f} GB GPU; resources.gpu_memory_gb={r.gpu_memory_gb:g} is more than it has"
+                if measured else f"resources.gpu_memory_gb={r.gpu_memory_gb:g}")
         problems.append(
             f"model={cfg.model.name} ({cfg.model.params_b:g}B params, {cfg.model.dtype}) does not fit the requested GPUs: "
             f"about {est.per_gpu_gb:.0f} GB per GPU against {budget:.0f} GB usable "
-            f"({r.max_memory_fraction:.0%} of resources.gpu_memory_gb={r.gpu_memory_gb:g}) on {x.world_size} GPU(s).\n"
+            f"({r.max_memory_fraction:.0%} of {size}) on {x.world_size} GPU(s).\n"
             f"  {breakdown(x, est)}\n  fix: " + "; or ".join(fixes))
     if est.host_per_node_gb > r.mem_gb:
         problems.append(

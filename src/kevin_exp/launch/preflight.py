@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from kevin_exp.config import ConfigError, TrainConfig, to_typed
 from kevin_exp.errors import UserError, one_line
 from kevin_exp.launch.layout import resolve_layout
-from kevin_exp.launch.memory_check import check_host_training, check_resources
+from kevin_exp.launch.memory_check import check_host_training, check_resources, local_gpu_memory_gb
 from kevin_exp.launch.ranks import check_trainer_for_ranks
 from kevin_exp.launch.resources import uses_gpu
 from kevin_exp.launch.slurm_checks import check_cluster_reachable, check_points
@@ -319,7 +319,7 @@ def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True, ru
         check_trainer_installed(cfg)
         check_trainer_for_ranks(cfg)
     if memory_check and uses_gpu(cfg):
-        check_resources(resolve_layout(cfg, on_gpu=True)[0])
+        check_resources(resolve_layout(cfg, on_gpu=True)[0], local_gpu_gb=local_gpu_memory_gb() if runs_here else None)
     elif memory_check and runs_here:
         check_host_training(resolve_layout(cfg, on_gpu=False)[0])
 
