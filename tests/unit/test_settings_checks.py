@@ -107,3 +107,18 @@ def test_the_timing_protocol_settings_are_checked(override, message):
 def test_a_hang_floor_above_the_ceiling_is_refused():
     with pytest.raises(ConfigError, match="evaluator.hang_floor_s=200.0 is above evaluator.hang_ceiling_s=120.0"):
         compose_train(["evaluator.hang_floor_s=200"])
+
+
+def test_a_sweep_whose_points_share_one_run_dir_is_refused_and_one_per_point_passes(tmp_path):
+    from kevin_exp.launch.preflight import preflight
+
+    compose_train([])  # registers the schemas and resolvers
+    tiny = ["model=tiny", "rollout.env=synthetic", "steps=1"]
+    fixed = tmp_path / "one"
+    with pytest.raises(ConfigError, match=f"run_dir={fixed}: the sweep points gamma=0.0 and gamma=0.4 would both write "
+                                          "their records there; leave run_dir out of a sweep"):
+        preflight("train", ["-m", *tiny, "gamma=0.0,0.4", f"run_dir={fixed}"])
+    assert not fixed.exists()
+    points = preflight("train", ["-m", *tiny, "gamma=0.0,0.4", f"run_dir={tmp_path}/g${{gamma}}",
+                                 f"hydra.sweep.dir={tmp_path}/sweep"])
+    assert sorted(p.run_dir for p in points) == [f"{tmp_path}/g0.0", f"{tmp_path}/g0.4"]

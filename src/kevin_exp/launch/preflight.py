@@ -324,6 +324,22 @@ def check_run_inputs(cfg: TrainConfig, entry: str, memory_check: bool = True, ru
         check_host_training(resolve_layout(cfg, on_gpu=False)[0])
 
 
+def check_points_have_their_own_folders(checked: list[tuple[list[str], TrainConfig]], overrides: list[str]) -> None:
+    """Two points of a sweep given the same ``run_dir`` would write one folder (the second refused, or resuming
+    the first's records as its own): refused before the sweep starts."""
+    seen: dict[str, list[str]] = {}
+    for point, typed in checked:
+        if not typed.run_dir:
+            continue
+        first = seen.setdefault(str(Path(typed.run_dir).resolve()), point)
+        if first is not point:
+            swept = lambda p: " ".join(o for o in p if o not in overrides)  # noqa: E731
+            raise ConfigError(
+                f"run_dir={typed.run_dir}: the sweep points {swept(first)} and {swept(point)} would both write their "
+                "records there; leave run_dir out of a sweep (each point gets a folder of its own under "
+                "hydra.sweep.dir) or make it differ per point, e.g. run_dir=runs/gamma_${gamma}")
+
+
 def launched_by_cluster(cfg: DictConfig | None = None) -> bool:
     """A cluster launch's memory check is its launcher's (it knows the GPUs each job gets)."""
     from hydra.core.hydra_config import HydraConfig
@@ -363,6 +379,8 @@ def preflight(config_name: str, argv: list[str]) -> list[TrainConfig]:
             swept = [o for o in point if o not in args.overrides]
             raise type(e)(f"{e} (in the sweep point {' '.join(swept)})" if len(points) > 1 else str(e)) from None
         checked.append((point, typed))
+    if args.multirun and not args.cfg:
+        check_points_have_their_own_folders(checked, list(args.overrides))
     if checked and not args.cfg and launched_by_cluster(cfg):
         # the GPUs each job gets are the launcher's: every point must fit them, and the cluster must answer
         check_points([(p, t) for p, t in checked], cfg.hydra.launcher.get("gpus_per_node"))
