@@ -224,6 +224,28 @@ def test_the_printed_command_resumes_a_run_stopped_by_ctrl_c_from_its_last_check
     assert len(read_jsonl(run_dir / "turns.jsonl")) == 3 * 1 * 2 * 2
 
 
+def test_a_run_of_two_ranks_stopped_by_ctrl_c_exits_130_and_its_printed_command_resumes_both(tmp_path, adopted):
+    """The ranks run in sessions of their own (torch's elastic agent starts them so): the launcher's agent gets
+    the Ctrl-C, passes it on and waits for them; the launcher alone speaks."""
+    run_dir = tmp_path / "run"
+    ranks = ["resources=cpu", "resources.ranks_per_node=2", "tasks_per_step=2", "trainer=deepspeed",
+             "trainer.bf16=false", "trainer.offload_optimizer=none", "trainer.activation_checkpointing=false"]
+    run = Launch(["-m", "kevin_exp.train", *SYNTHETIC, *ranks, "steps=3", f"hydra.run.dir={run_dir}"], REPO)
+    run.wait_for(r"step 2/3 turn 1 group 1")
+    run.ctrl_c()
+    code, output = run.stopped()
+    said = _assert_clean_stop(code, output)
+    assert output.count("interrupted (Ctrl-C)") == 1
+    assert said["run folder"] == str(run_dir)
+    assert said["last checkpoint"] == f"{run_dir}/checkpoints/step_000001 (step 1 of 3); resuming starts at step 2"
+    assert not _left_behind(run.proc.pid, adopted), "a rank is still alive"
+
+    resumed = _run_printed(said["resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert len(read_jsonl(run_dir / "turns.jsonl")) == 3 * 2 * 2 * 2
+
+
 def test_an_unnamed_sweep_stopped_by_ctrl_c_continues_in_its_own_folder(tmp_path, adopted):
     sweep = ["-m", "gamma=0.0,1.0", *SYNTHETIC, "steps=1"]
     run = Launch(["-m", "kevin_exp.train", *sweep], tmp_path)

@@ -204,3 +204,35 @@ def test_a_job_reaching_its_time_limit_is_requeued_and_finishes_with_every_row_o
     assert [m["step"] for m in read_jsonl(job / "metrics.jsonl")] == _expected_steps(steps)
     log = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.err"))
     assert "this job is timed-out" in log
+
+
+def test_a_sweep_relaunched_while_its_job_runs_submits_nothing_and_the_first_launch_goes_on(tmp_path):
+    """The second launch names the running job's point, folder and SLURM job, and how to finish the sweep; the
+    first launcher keeps waiting and its job writes every row once."""
+    sweep = tmp_path / "sweep"
+    cmd = _train("-m", "gamma=0.4", "cluster=local_slurm", "resources=cpu", *SYNTHETIC, "steps=12",
+                 f"hydra.sweep.dir={sweep}", f"hydra.callbacks.ledger.path={tmp_path}/ledger.jsonl")
+    first = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while first.poll() is None and time.monotonic() < deadline:
+            if any(read_jsonl(p) for p in sweep.glob("*/metrics.jsonl")):
+                break
+            time.sleep(0.2)
+        [job_id] = _slurm_job_ids(sweep)
+        again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert first.poll() is None, "the first launch ended before the second could meet its running job"
+        [run] = _run_dirs(sweep)
+        assert again.returncode != 0
+        assert "error: nothing was submitted: 1 point(s) of this sweep are still being written by a running job" in again.stderr
+        array = job_id.split("_")[0]
+        assert f"[gamma=0.4] {run} (pid " in again.stderr and f"SLURM job {array}_0" in again.stderr
+        assert f"squeue -j {array}" in again.stderr and "relaunch the same command once they have ended" in again.stderr
+        assert "Traceback" not in again.stderr + again.stdout
+        assert _slurm_job_ids(sweep) == [job_id], "the second launch submitted nothing"
+        out, _ = first.communicate(timeout=900)
+    finally:
+        first.kill()
+    assert first.returncode == 0, out[-4000:]
+    steps = [row["step"] for row in read_jsonl(run / "metrics.jsonl")]
+    assert steps == _expected_steps(12)

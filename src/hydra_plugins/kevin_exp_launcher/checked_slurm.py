@@ -19,6 +19,7 @@ from omegaconf import DictConfig, open_dict
 from kevin_exp.errors import LaunchError
 from kevin_exp.launch.slurm_checks import check_cluster_reachable, check_points, job_config
 from kevin_exp.records.progress import sweep_line
+from kevin_exp.run.folder import run_lock_holder
 from kevin_exp.run.signals import say_on_ctrl_c
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class CheckedSlurmLauncher(SlurmLauncher):
             check_points([(filter_overrides(o), job_config(c)) for o, c in zip(job_overrides, sweep_configs)],
                          self.params.get("gpus_per_node"))
             check_cluster_reachable(self.config.hydra.runtime.choices.get("cluster", "?"), self.params.get("partition"))
+            check_no_point_running(job_overrides, sweep_configs, initial_job_idx)
         except LaunchError as e:
             # Hydra reports launcher exceptions as tracebacks; this is a user error with its fix
             raise SystemExit(f"error: {e}") from None
@@ -50,6 +52,27 @@ class CheckedSlurmLauncher(SlurmLauncher):
 
         with _on_submission(report):
             return super().launch(job_overrides, initial_job_idx)
+
+
+def check_no_point_running(job_overrides: Sequence[Sequence[str]], sweep_configs: Sequence[DictConfig],
+                           initial_job_idx: int) -> None:
+    """A sweep relaunched while jobs of its first launch still write some of its points would submit second
+    writers of those runs (refused by their lock, each a failed job): nothing is submitted, and the message names
+    the jobs that hold them and how to finish the sweep."""
+    live = []
+    for idx, (overrides, sweep_config) in enumerate(zip(job_overrides, sweep_configs)):
+        own = sweep_config.get("run_dir")
+        folder = Path(str(own)) if own else _run_dir(sweep_config, "0", initial_job_idx + idx)
+        holder = run_lock_holder(folder)
+        if holder is not None:
+            live.append(f"  [{' '.join(filter_overrides(overrides))}] {folder} (pid {holder})")
+    if live:
+        jobs = sorted({line.rsplit("SLURM job ", 1)[1].rstrip(")").split("_")[0] for line in live if "SLURM job " in line})
+        follow = f"follow them: squeue -j {','.join(jobs)}; stop them: scancel {' '.join(jobs)}\n" if jobs else ""
+        raise LaunchError(
+            f"nothing was submitted: {len(live)} point(s) of this sweep are still being written by a running job:\n"
+            + "\n".join(live) + f"\n{follow}relaunch the same command once they have ended: every point then "
+            "resumes from its last checkpoint (a finished one has nothing left to run)")
 
 
 def left_running(job_ids: list[str], sweep_dir: Path) -> list[str]:

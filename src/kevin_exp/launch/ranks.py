@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import socket
 import sys
 import uuid
@@ -30,6 +31,7 @@ from kevin_exp.errors import LaunchError
 from kevin_exp.launch.world import SELF_WORLD_ENV, DistContext, context_from_env, forget_inherited_world, init_process_group
 from kevin_exp.records.run_records import read_jsonl
 from kevin_exp.run.setup import resolve_device
+from kevin_exp.run.signals import Interrupted
 
 _joined: list[dict[str, Any]] = []
 # set by spawn_local_ranks for the ranks it starts: the pid of the process that started them
@@ -78,6 +80,7 @@ def spawn_local_ranks(cfg: TrainConfig, overrides: list[str], run_dir: str, modu
     """Starts ``resources.ranks_per_node`` ranks on this machine through torch's elastic launcher, each running
     ``python -m <module> <overrides>`` as a Hydra job in ``run_dir``, and waits for them. A rank that fails
     stops the others; its exit status is this job's."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -95,6 +98,13 @@ def spawn_local_ranks(cfg: TrainConfig, overrides: list[str], run_dir: str, modu
         print(f"rank {rank} of {n} failed (exit status {failure.exitcode}); the other ranks were stopped",
               file=sys.stderr, flush=True)
         raise SystemExit(failure.exitcode if failure.exitcode > 0 else 1) from None
+    except SignalException as e:
+        # the launcher's agent got the signal (the ranks run in sessions of their own) and has passed it on to the
+        # ranks and waited for them to end: a Ctrl-C is then this job's own (exits_on_ctrl_c says how to resume)
+        if e.sigval == signal.SIGINT:
+            raise Interrupted from None
+        print(f"stopped by {signal.Signals(e.sigval).name}: the {n} ranks were stopped", file=sys.stderr, flush=True)
+        raise SystemExit(128 + int(e.sigval)) from None
     finally:  # a later job of a sweep may run in this process
         os.environ.pop(LAUNCHER_PID_ENV, None)
 

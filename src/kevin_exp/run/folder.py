@@ -7,6 +7,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,9 +117,31 @@ def hold_run_lock(path: Path) -> Path:
                         "stop it, then start again (the run resumes from its last checkpoint), or choose another "
                         "run_dir") from None
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    os.pwrite(fd, f"{_writer()}\n".encode(), 0)
     _held_locks[path] = [fd, 1]
     return path
+
+
+def _writer() -> str:
+    """Who holds a run's lock, as its lock file says: the pid, and where it runs (host, SLURM job)."""
+    job = os.environ.get("SLURM_ARRAY_JOB_ID") and f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID')}"
+    job = job or os.environ.get("SLURM_JOB_ID")
+    return f"{os.getpid()} on {socket.gethostname()}" + (f", SLURM job {job}" if job else "")
+
+
+def run_lock_holder(path: Path) -> str | None:
+    """Who is writing the run in ``path`` now (as its lock file says), or None when no process holds its lock."""
+    try:
+        fd = os.open(path / RUN_LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)
+    return None
 
 
 def release_run_lock(path: Path) -> None:
