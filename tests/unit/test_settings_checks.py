@@ -122,3 +122,14 @@ def test_a_sweep_whose_points_share_one_run_dir_is_refused_and_one_per_point_pas
     points = preflight("train", ["-m", *tiny, "gamma=0.0,0.4", f"run_dir={tmp_path}/g${{gamma}}",
                                  f"hydra.sweep.dir={tmp_path}/sweep"])
     assert sorted(p.run_dir for p in points) == [f"{tmp_path}/g0.0", f"{tmp_path}/g0.4"]
+
+
+def test_a_run_is_the_same_run_on_other_resources_and_launch_settings_but_not_with_other_settings():
+    from kevin_exp.launch.preflight import run_identity
+
+    launch = {"resources", "logger", "cluster", "steps"}
+    assert run_identity(["resources.ranks_per_node=1", "resources.gpus_per_node=2", "resources=cpu",
+                         "logger.progress=none", "steps=3", "hydra.run.dir=/x", "gamma=0.4"], launch) == ["gamma=0.4"]
+    # a key that only begins like a launch key is a setting of its own
+    assert run_identity(["resources_note=a", "+gamma=0.0", "trainer.lr=0"], launch) == ["gamma=0.0", "resources_note=a",
+                                                                                          "trainer.lr=0"]

@@ -245,11 +245,15 @@ def job_folders(cfg: DictConfig, typed: TrainConfig, multirun: bool) -> list[tup
 
 def run_identity(overrides: Iterable[str], launch_keys: set[str]) -> list[str]:
     """What makes two launches one run, as it makes the job's folder name: its overrides, less the launch
-    settings (``hydra.job.config.override_dirname.exclude_keys``, which never change results) and Hydra's own."""
+    settings (``hydra.job.config.override_dirname.exclude_keys``, which never change results, with every key under
+    them: ``resources.ranks_per_node`` is one of ``resources``, so a run resumes on another number of ranks) and
+    Hydra's own."""
     identity = []
     for line in overrides:
         key = line.split("=", 1)[0].lstrip("+~")
-        if key not in launch_keys and re.split(r"[./]", key)[0] != "hydra":
+        parts = key.split(".")
+        launch = any(".".join(parts[:i]) in launch_keys for i in range(1, len(parts) + 1))
+        if not launch and re.split(r"[./]", key)[0] != "hydra":
             identity.append(line.lstrip("+"))
     return sorted(identity)
 
