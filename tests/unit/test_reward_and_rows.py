@@ -49,6 +49,23 @@ def test_metrics_rows_carry_the_suspect_share_and_turn_rows_the_flag():
     assert turn["suspect"] is True and turn["speedup"] is None and turn["score"] == 0.0
 
 
+def test_the_not_okay_ratio_is_measured_only_for_a_model_with_a_usual_opening():
+    """Kevin's proxy counts responses that do not open as QwQ's do ("Okay"); a model with no such opening (the menu's
+    few-token answers, SmolLM2) would read 100% on every step, so its rows carry nothing and the summary says nothing."""
+    from tests.helpers import compose_train
+
+    samples = [_sample("ok", True, 2.0), _sample("ok", True, 1.0)]
+    samples[1] = dataclasses.replace(samples[1], text="B")
+    stats = {k: 0.0 for k in ("loss", "grad_norm", "kl", "entropy", "clip_fraction", "lr", "gradient_steps",
+                              "logprob_diff_mean", "logprob_diff_max")}
+    assert metrics_row("run", 1, samples, stats, RolloutTimes(), 0.0, 0.0, {}, "Okay")["not_okay_ratio"] == 0.5
+    assert [turn_row("run", "train", 1, s, {}, "Okay", "cpu")["not_okay"] for s in samples] == [False, True]
+    assert metrics_row("run", 1, samples, stats, RolloutTimes(), 0.0, 0.0, {}, None)["not_okay_ratio"] is None
+    assert turn_row("run", "train", 1, samples[1], {}, None, "cpu")["not_okay"] is None
+    assert compose_train([]).model.usual_opening is None
+    assert compose_train(["model=7b", "model.source=random"]).model.usual_opening == "Okay"
+
+
 @pytest.mark.parametrize("fields, words", [
     (dict(hang_floor_s=30.0, hang_ceiling_s=10.0), "hang_floor_s"),
     (dict(recheck_tolerance=0.5), "recheck_tolerance"),

@@ -22,6 +22,7 @@ TRAINING_PANELS = (("reward_mean", "reward (mean; max dotted)"),
                    ("grad_norm", "grad norm"), ("loss", "loss"),
                    (None, "time per step (s): generate solid, evaluate dashed, train dotted"))
 TIME_STYLES = {"generate_s": "-", "evaluate_s": "--", "train_s": ":"}
+NOT_SHOWN = {"not-okay ratio": "not measured: these models have no usual opening (model.usual_opening)"}
 
 
 def variant_colors(variants: Sequence[str]) -> dict[str, Any]:
@@ -115,7 +116,7 @@ def training_figure(curves: pd.DataFrame) -> Figure:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         ax.grid(alpha=0.3)
         if not ax.has_data():
-            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, NOT_SHOWN.get(title, "not recorded"), ha="center", va="center", transform=ax.transAxes)
             continue
         floor_at_zero(ax)
         _variant_legend(ax, variants_shown, colors)

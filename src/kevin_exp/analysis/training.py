@@ -30,8 +30,8 @@ def _from_turn_rows(rows: pd.DataFrame) -> pd.DataFrame:
     if "score" in train:
         derived["reward_mean"] = by_step["score"].mean()
         derived["reward_max"] = by_step["score"].max()
-    if "not_okay" in train:
-        derived["not_okay_ratio"] = by_step["not_okay"].mean()
+    if "not_okay" in train and train["not_okay"].notna().any():  # (None where the model has no usual opening)
+        derived["not_okay_ratio"] = train["not_okay"].astype(float).groupby(train["step"]).mean()
     if "speedup" in train and {"task_id", "trajectory"} <= set(train.columns):
         # the share of trajectories whose best turn is correct and faster than the reference (Kevin's fast_1, per trajectory)
         faster = train["correct"].astype(bool) & (pd.to_numeric(train["speedup"], errors="coerce").fillna(0) > 1)

@@ -28,8 +28,9 @@ class ModelConfig:
     params_b: float = number(0.135, gt=0)
     dtype: str = choice("float32", MODEL_DTYPES)
     gradient_checkpointing: bool = False
-    # the opening a healthy response starts with (Kevin's "not okay ratio" counts the others)
-    usual_opening: str = "Okay"
+    # the opening a healthy response of a reasoning model starts with (Kevin's "not okay ratio" counts the others;
+    # QwQ's "Okay"); None: the model has no usual opening and the ratio is not measured
+    usual_opening: Optional[str] = None
     # system message placed before every prompt (None: the chat template's own default)
     system_prompt: Optional[str] = None
     # tiny random model (source=tiny): layers, width, heads, MLP width

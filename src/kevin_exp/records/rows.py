@@ -24,8 +24,11 @@ def training_settings(cfg: TrainConfig) -> dict[str, Any]:
             "seed": cfg.seed, "experiment": cfg.experiment, "sweep_name": cfg.sweep_name}
 
 
-def is_not_okay(text: str, opening: str) -> bool:
-    """Kevin's instability proxy: the reasoning does not open with the model's usual opening."""
+def is_not_okay(text: str, opening: str | None) -> bool | None:
+    """Kevin's instability proxy: the reasoning does not open with the model's usual opening (None: the model has
+    none, and nothing is measured)."""
+    if opening is None:
+        return None
     body = text.lstrip()
     if body.lower().startswith("<think>"):
         body = body[len("<think>") :].lstrip()
@@ -66,7 +69,8 @@ def metrics_row(run_id: str, step: int, samples: list[TurnSample], stats: Mappin
         "status_counts": dict(Counter(s.result.status for s in samples)),
         "response_tokens_mean": float(np.mean([len(s.response_ids) for s in samples])) if samples else 0.0,
         "truncation_ratio": sum(s.truncated for s in samples) / n,
-        "not_okay_ratio": sum(is_not_okay(s.text, usual_opening) for s in samples) / n,
+        "not_okay_ratio": (sum(bool(is_not_okay(s.text, usual_opening)) for s in samples) / n
+                           if usual_opening is not None else None),
         "loss": stats["loss"], "grad_norm": stats["grad_norm"], "kl": stats["kl"], "entropy": stats["entropy"],
         "clip_fraction": stats["clip_fraction"], "lr": stats["lr"], "gradient_steps": stats["gradient_steps"],
         "logprob_diff_mean": stats["logprob_diff_mean"], "logprob_diff_max": stats["logprob_diff_max"],

@@ -42,8 +42,8 @@ def summary_lines(run_dir: Path) -> list[str]:
     lines += ["", "verdicts: " + ", ".join(f"{k} {v}" for k, v in statuses.most_common())]
     last = metrics[-1]
     lines.append(
-        f"last step: response {last['response_tokens_mean']:.0f} tokens on average, truncated {last['truncation_ratio']:.0%}, "
-        f"not-okay {last['not_okay_ratio']:.0%}"
+        f"last step: response {last['response_tokens_mean']:.0f} tokens on average, truncated {last['truncation_ratio']:.0%}"
+        + (f", not-okay {last['not_okay_ratio']:.0%}" if last.get("not_okay_ratio") is not None else "")
     )
     return lines
 
