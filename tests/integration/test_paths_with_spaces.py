@@ -29,7 +29,7 @@ from kevin_exp.bench.evaluator import EvalItem, Evaluator
 from kevin_exp.tasks.loader import load_builtin, select
 
 [problem] = select(load_builtin([1]), ["builtin/level1/1"])
-config = BenchConfig(backend="cpu", correctness_trials=2, warmup_trials=1, timed_trials=3, cpus=1,
+config = BenchConfig(backend="cpu", correctness_trials=2, warmup_trials=1, timed_trials=3, cpus=1, build_mode=sys.argv[2],
                      cache_dir=Path(sys.argv[1]), recheck_speedup=1e9, reference_max_spread=1e9,
                      reference_max_contention=1.0)
 with Evaluator(config) as ev:
@@ -39,9 +39,12 @@ print(json.dumps({"status": v.status.value, "correct": v.correct, "reason": v.re
 """
 
 
-def test_a_builtin_solution_builds_and_passes_with_spaces_in_every_path(tmp_path: Path) -> None:
+@pytest.mark.parametrize("build_mode", ["fast", "torch"])
+def test_a_builtin_solution_builds_and_passes_with_spaces_in_every_path(tmp_path: Path, build_mode: str) -> None:
     """The interpreter (a venv), torch, the package's source and the compile cache all under paths with spaces;
-    torch from a PYTHONPATH folder, whose headers and libraries the sandboxed compiler must see too."""
+    torch from a PYTHONPATH folder, whose headers and libraries the sandboxed compiler must see too. In both build
+    modes: ``torch`` runs torch's own load_inline in a Python process inside the sandbox (which shows the venv by
+    its real path, not by the link)."""
     venv = tmp_path / "my venv"
     venv.symlink_to(Path(sys.prefix), target_is_directory=True)
     python = venv / Path(sys.executable).relative_to(sys.prefix)
@@ -54,7 +57,7 @@ def test_a_builtin_solution_builds_and_passes_with_spaces_in_every_path(tmp_path
     cache = tmp_path / "compile cache" / "kevin exp"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(checkout / "src")]),
            "KEVIN_EXP_CACHE": str(cache)}
-    out = subprocess.run([str(python), "-c", _EVALUATE, str(cache)], env=env, cwd=tmp_path,
+    out = subprocess.run([str(python), "-c", _EVALUATE, str(cache), build_mode], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     answer = json.loads(out.stdout.strip().splitlines()[-1])

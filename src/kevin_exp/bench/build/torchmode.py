@@ -41,5 +41,17 @@ def build_torch(spec: ExtensionSpec, module: str, tmp: Path, deadline: float, me
     env = dict(os.environ, MAX_JOBS=str(max(1, jobs)))
     if arch:
         env["TORCH_CUDA_ARCH_LIST"] = arch
-    argv = [sys.executable, "-c", _RUNNER, str(tmp / "kx_spec.json"), str(tmp)]
+    argv = [interpreter(), "-c", _RUNNER, str(tmp / "kx_spec.json"), str(tmp)]
     return proc.run(argv, tmp, deadline, memory_limit_gb, env=env)
+
+
+def interpreter() -> str:
+    """This interpreter under its installation's real folder: the sandbox shows the Python installation by its
+    real path, so a venv reached through a symbolic link (or a folder name with a space that links to it) is run
+    from where it really is, still as the venv (its ``bin/python``, beside its ``pyvenv.cfg``)."""
+    exe = Path(sys.executable)
+    try:
+        inside = exe.relative_to(sys.prefix)
+    except ValueError:
+        return str(exe)
+    return str(Path(os.path.realpath(sys.prefix)) / inside)
