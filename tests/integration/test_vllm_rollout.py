@@ -93,13 +93,14 @@ def test_the_pushed_weights_of_two_ranks_are_those_of_one(push_runs):
     gradient is near Adam's eps moves by anything up to the step's lr (3.3e-3 in the first, warm-up step) apart
     (1e-4 seen on one element in 16k). Such elements are rare; a sample lost or counted twice moves every weight
     it touches (each dense weight, its tokens' rows) by the order of the lr: far more than 0.1% of a tensor's
-    elements beyond 1e-4."""
+    elements (or two of a small one) beyond 1e-4."""
     two, one = push_runs[2][0], push_runs[1][0]
     for name, value in one["rounds"][0]["engine"].items():
         assert torch.equal(two["rounds"][0]["engine"][name], value), name
     for name, value in one["rounds"][1]["engine"].items():
         apart = (two["rounds"][1]["engine"][name] - value).abs()
-        assert (apart > 1e-4).float().mean().item() <= 1e-3 and apart.max().item() <= 2 * 3.3e-3, (name, apart.max())
+        beyond = int((apart > 1e-4).sum())
+        assert beyond <= max(2, apart.numel() // 1000) and apart.max().item() <= 2 * 3.3e-3, (name, beyond, apart.max())
 
 
 def test_the_consolidated_state_without_a_whole_copy_is_gathered_on_rank_0(push_runs):
