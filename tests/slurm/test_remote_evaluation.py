@@ -102,7 +102,10 @@ def test_a_remote_batch_gives_one_verdict_per_item_in_order(tmp_path):
              EvalItem("ok-again", reference, fixture_text("cpu", "ok.py"))]
     settings = RemoteSettings(cores=1, memory_gb=4, gpus=0, walltime_min=20, start_timeout_s=180, in_flight=4, interface="lo",
                               log_dir=str(tmp_path / "logs"))
-    with RemoteEvaluator(BenchConfig(backend="cpu", timed_trials=10, warmup_trials=1, correctness_trials=2), settings) as ev:
+    # (the hidden-time check off: the SLURM tests load the box, and its timing is not this test's subject; a
+    # loaded worker made the honest kernel `suspect` once)
+    config = BenchConfig(backend="cpu", timed_trials=10, warmup_trials=1, correctness_trials=2, hidden_time_check=False)
+    with RemoteEvaluator(config, settings) as ev:
         verdicts = ev.evaluate(items)
     assert [v.problem_id for v in verdicts] == ["ok", "wrong", "ok-again"]
     assert verdicts[0].status.value == "ok" and verdicts[2].status.value == "ok"
