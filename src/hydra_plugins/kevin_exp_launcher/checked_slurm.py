@@ -5,6 +5,7 @@ Ctrl-C while it waits for the jobs stops the waiting only: the jobs keep running
 and stop them."""
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from contextlib import contextmanager
@@ -62,7 +63,8 @@ def check_no_point_running(job_overrides: Sequence[Sequence[str]], sweep_configs
     live = []
     for idx, (overrides, sweep_config) in enumerate(zip(job_overrides, sweep_configs)):
         own = sweep_config.get("run_dir")
-        folder = Path(str(own)) if own else _run_dir(sweep_config, "0", initial_job_idx + idx)
+        # (a copy: resolving the folder makes the config Hydra's current one, which leaves it read-only)
+        folder = Path(str(own)) if own else _run_dir(copy.deepcopy(sweep_config), "0", initial_job_idx + idx)
         holder = run_lock_holder(folder)
         if holder is not None:
             live.append(f"  [{' '.join(filter_overrides(overrides))}] {folder} (pid {holder})")
