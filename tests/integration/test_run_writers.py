@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -64,7 +66,8 @@ def test_a_second_writer_of_a_run_folder_is_refused_while_the_first_lives(tmp_pa
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(UserError, match=rf"run_dir={tmp_path}: another process \(pid {holder.pid}\) is writing this run"):
+        who = rf"pid {holder.pid} on {re.escape(socket.gethostname())}"
+        with pytest.raises(UserError, match=rf"run_dir={tmp_path}: another process \({who}\) is writing this run"):
             RunFolder.at(tmp_path)
     finally:
         holder.kill()
