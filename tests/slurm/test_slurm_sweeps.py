@@ -226,7 +226,11 @@ def test_a_sweep_relaunched_while_its_job_runs_submits_nothing_and_the_first_lau
         assert again.returncode != 0
         assert "error: nothing was submitted: 1 point(s) of this sweep are still being written by a running job" in again.stderr
         array = job_id.split("_")[0]
-        assert f"[gamma=0.4] {run} (pid " in again.stderr and f"SLURM job {array}_0" in again.stderr
+        # the point as the job lines name it (its overrides), its folder, and who writes it
+        point = re.search(r"^  \[(?P<overrides>.*)\] (?P<run>\S+) \(pid (?P<who>.*)\)$", again.stderr, re.M)
+        assert point, again.stderr
+        assert point["overrides"].startswith("gamma=0.4 ") and point["run"] == str(run), again.stderr
+        assert point["who"].endswith(f", SLURM job {array}_0"), again.stderr
         assert f"squeue -j {array}" in again.stderr and "relaunch the same command once they have ended" in again.stderr
         assert "Traceback" not in again.stderr + again.stdout
         assert _slurm_job_ids(sweep) == [job_id], "the second launch submitted nothing"
