@@ -224,6 +224,18 @@ def test_varying_keys_ignores_launch_settings_and_aliases(hand_runs):
     assert varying_keys(hand_runs) == ["gamma", "normalization", "seed"]
 
 
+def test_checkpoint_cadence_and_the_usual_opening_are_not_what_a_run_computed():
+    """Two runs made a day apart differ in settings added since (a checkpoint cadence, the response opening the
+    records measure against) besides the one the user varied: only that one names their variants."""
+    def run(lr: float, **config) -> Run:
+        return Run(Path(f"/runs/{lr}"), {"gamma": 0.4, "seed": 0, "trainer.lr": lr, **config}, pd.DataFrame(),
+                   pd.DataFrame())
+
+    runs = [run(5e-6, **{"model.usual_opening": "Okay", "trainer.state_every": None}),
+            run(0.0, **{"model.usual_opening": None, "trainer.state_every": 1, "trainer.keep_every": 4})]
+    assert varying_keys(runs) == ["trainer.lr"]
+
+
 def test_a_models_shape_keys_fold_into_its_name():
     """Runs of two models differ in every shape key of the model group too; the table shows the model's name
     only. A key of the group that the name does not decide (a learning rate swept beside it) stays."""

@@ -11,9 +11,11 @@ from kevin_exp.analysis.loading import Run
 SEED_KEY = "seed"
 
 # Keys that say where or how a run was launched, never what it computed; the same list the job directories
-# ignore (conf/train.yaml hydra.job.config.override_dirname.exclude_keys), plus the compile cache location.
+# ignore (conf/train.yaml hydra.job.config.override_dirname.exclude_keys), plus the compile cache location, how
+# often checkpoints are written and kept, and what the records measure of a response (model.usual_opening).
 NON_SCIENCE_KEYS = ("run_dir", "resume", "sweep_name", "logger.*", "resources.*", "cluster.*", "hydra.*",
-                    "evaluator.cache_dir")
+                    "evaluator.cache_dir", "trainer.checkpoint_every", "trainer.state_every", "trainer.keep_checkpoints",
+                    "trainer.keep_every", "model.usual_opening")
 
 # Which weights an evaluation loaded: a column only where the training settings its rows record (seed
 # included) do not already tell the checkpoints apart, as for two checkpoints of one training run.
