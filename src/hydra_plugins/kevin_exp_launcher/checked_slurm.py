@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,7 +61,7 @@ def check_no_point_running(job_overrides: Sequence[Sequence[str]], sweep_configs
     """A sweep relaunched while jobs of its first launch still write some of its points would submit second
     writers of those runs (refused by their lock, each a failed job): nothing is submitted, and the message names
     the jobs that hold them and how to finish the sweep."""
-    live = []
+    live, jobs = [], set()
     for idx, (overrides, sweep_config) in enumerate(zip(job_overrides, sweep_configs)):
         own = sweep_config.get("run_dir")
         # (a copy: resolving the folder makes the config Hydra's current one, which leaves it read-only)
@@ -68,9 +69,12 @@ def check_no_point_running(job_overrides: Sequence[Sequence[str]], sweep_configs
         holder = run_lock_holder(folder)
         if holder is not None:
             live.append(f"  [{' '.join(filter_overrides(overrides))}] {folder} (pid {holder})")
+            job = re.search(r"SLURM job (\d+)", holder)  # (an array's task: its array's id)
+            if job:
+                jobs.add(job[1])
     if live:
-        jobs = sorted({line.rsplit("SLURM job ", 1)[1].rstrip(")").split("_")[0] for line in live if "SLURM job " in line})
-        follow = f"follow them: squeue -j {','.join(jobs)}; stop them: scancel {' '.join(jobs)}\n" if jobs else ""
+        ids = sorted(jobs)
+        follow = f"follow them: squeue -j {','.join(ids)}; stop them: scancel {' '.join(ids)}\n" if ids else ""
         raise LaunchError(
             f"nothing was submitted: {len(live)} point(s) of this sweep are still being written by a running job:\n"
             + "\n".join(live) + f"\n{follow}relaunch the same command once they have ended: every point then "

@@ -69,7 +69,7 @@ def metrics_row(run_id: str, step: int, samples: list[TurnSample], stats: Mappin
         "status_counts": dict(Counter(s.result.status for s in samples)),
         "response_tokens_mean": float(np.mean([len(s.response_ids) for s in samples])) if samples else 0.0,
         "truncation_ratio": sum(s.truncated for s in samples) / n,
-        "not_okay_ratio": (sum(bool(is_not_okay(s.text, usual_opening)) for s in samples) / n
+        "not_okay_ratio": (sum(is_not_okay(s.text, usual_opening) for s in samples) / n
                            if usual_opening is not None else None),
         "loss": stats["loss"], "grad_norm": stats["grad_norm"], "kl": stats["kl"], "entropy": stats["entropy"],
         "clip_fraction": stats["clip_fraction"], "lr": stats["lr"], "gradient_steps": stats["gradient_steps"],

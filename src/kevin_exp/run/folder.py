@@ -111,7 +111,7 @@ def hold_run_lock(path: Path) -> Path:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        holder = _holder(fd)
         os.close(fd)
         raise UserError(f"run_dir={path}: another process (pid {holder}) is writing this run; wait for it to end or "
                         "stop it, then start again (the run resumes from its last checkpoint), or choose another "
@@ -138,10 +138,15 @@ def run_lock_holder(path: Path) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+        return _holder(fd)
     finally:
         os.close(fd)
     return None
+
+
+def _holder(fd: int) -> str:
+    """What the lock file open at ``fd`` says of its holder (``_writer``)."""
+    return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
 
 
 def release_run_lock(path: Path) -> None:
